@@ -1,0 +1,28 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# The virtual environment is rebuilt only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/captioner demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(VENV)/bin/python scripts/bench.py
+
+clean-venv:
+	rm -rf $(VENV)

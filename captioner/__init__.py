@@ -1,0 +1,20 @@
+"""captioner: Show, Attend and Tell image captioning (Xu et al. 2015, arXiv:1502.03044).
+
+The public Python API is deliberately tiny (CLIP-style)::
+
+    from captioner import load_captioner
+    model = load_captioner("runs/demo/best.pt")
+    results = model.caption(["photo.jpg"], beam=3)
+"""
+
+__version__ = "0.1.0"
+
+
+def load_captioner(path, device: str = "cpu"):
+    """Load a trained captioner from a checkpoint file or run directory (see models/captioner.py)."""
+    from captioner.models.captioner import load_captioner as _load
+
+    return _load(path, device=device)
+
+
+__all__ = ["load_captioner", "__version__"]

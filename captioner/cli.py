@@ -1,0 +1,161 @@
+"""`captioner <command>`: a thin dispatcher, plus the `caption` command itself.
+
+Every command is a ``main(argv=None) -> int`` function so tests can call it
+directly; this module maps command names to them and imports lazily, so
+``captioner --help`` does not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+# command -> (module, help line); each module defines main(argv) -> int
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("captioner.train", "train a captioner from a config"),
+    "caption": ("captioner.cli", "caption image files, globs or directories"),
+    "evaluate": ("captioner.evaluate", "decode a split and score it (BLEU, METEOR, ROUGE-L, CIDEr-D, grounding)"),
+    "extract": ("captioner.data.features", "precompute encoder grids into the feature cache"),
+    "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
+    "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
+}
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def _usage() -> str:
+    lines = ["usage: captioner <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`captioner <command> --help` describes each command's options."]
+    return "\n".join(lines)
+
+
+def _command(name: str) -> Callable[[Sequence[str] | None], int]:
+    module, _ = COMMANDS[name]
+    if module == __name__:
+        return caption_main
+    return importlib.import_module(module).main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from captioner import __version__
+
+        print(f"captioner {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"captioner: unknown command {name!r} (valid: {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    return int(_command(name)(rest) or 0)
+
+
+def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Files, globs and directories → image paths (sorted per item) and (item, reason) misses."""
+    paths: list[Path] = []
+    missing: list[tuple[str, str]] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                missing.append((item, "directory holds no image files"))
+            paths += found
+        elif p.exists():
+            paths.append(p)
+        elif any(ch in item for ch in "*?["):
+            found = sorted(Path(q) for q in glob.glob(item, recursive=True) if Path(q).is_file())
+            if not found:
+                missing.append((item, "glob matched no files"))
+            paths += found
+        else:
+            missing.append((item, "no such file"))
+    return paths, missing
+
+
+def caption_main(argv: Sequence[str] | None = None) -> int:
+    """`captioner caption IMAGE... --checkpoint CKPT`: one caption per image; exit 1 if any failed."""
+    parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
+    parser.add_argument("images", nargs="+", help="image files, globs or directories")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
+    parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy)")
+    parser.add_argument("--n-best", type=int, default=1, help="captions to print per image")
+    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument(
+        "--attention-mode", choices=("expectation", "argmax", "sample"), default=None,
+        help="hard-attention decoding mode (default: the checkpoint's eval setting)",
+    )
+    parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
+    parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    args = parser.parse_args(argv)
+    if args.beam < 1 or args.n_best < 1 or args.n_best > args.beam:
+        parser.error("--beam must be >= 1 and 1 <= --n-best <= --beam")
+
+    from captioner.checkpoint import CheckpointError
+    from captioner.data.images import ImageLoadError, load_image
+    from captioner.models.captioner import load_captioner
+
+    try:
+        model = load_captioner(args.checkpoint, device=args.device)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"captioner caption: {err}", file=sys.stderr)
+        return 2
+
+    paths, failures = expand_image_paths(args.images)
+    results: list[dict] = []
+    out_dir = Path(args.attention_out) if args.attention_out else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for start in range(0, len(paths), args.batch_size):
+        batch_paths, images = [], []
+        for path in paths[start : start + args.batch_size]:
+            try:
+                images.append(load_image(path))
+                batch_paths.append(path)
+            except ImageLoadError as err:
+                failures.append((str(path), str(err)))
+        if not images:
+            continue
+        outputs = model.caption(
+            images, beam=args.beam, n_best=args.n_best, max_length=args.max_length,
+            attention_mode=args.attention_mode,
+        )
+        for path, image, out in zip(batch_paths, images, outputs):
+            record = {"image": str(path), **{k: v for k, v in out.items() if k != "alphas"}}
+            if out_dir:
+                record["overlay"] = str(_write_overlay(out_dir, path, image, out, gif=args.gif))
+            results.append(record)
+            if not args.json:
+                captions = [out["caption"]] + [c["caption"] for c in out.get("n_best", [])[1:]]
+                for rank, caption in enumerate(captions):
+                    prefix = f"{path}" if rank == 0 else f"{'':>{len(str(path))}}"
+                    print(f"{prefix}\t{caption}")
+
+    for item, reason in failures:
+        print(f"captioner caption: cannot caption {item}: {reason}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"results": results, "failed": [{"image": i, "error": r} for i, r in failures]}, indent=2))
+    return 1 if failures else 0
+
+
+def _write_overlay(out_dir: Path, path: Path, image, out: dict, gif: bool = False) -> Path:
+    from captioner.visualize import overlay_attention, save_attention_gif
+
+    target = out_dir / f"{path.stem}_attention.png"
+    fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"], chosen=out.get("locations"))
+    fig.savefig(target, dpi=80, bbox_inches="tight")
+    if gif and out["words"]:
+        save_attention_gif(image, out["words"], out["alphas"], out["grid_hw"], out_dir / f"{path.stem}_attention.gif")
+    return target

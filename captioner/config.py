@@ -1,0 +1,347 @@
+"""Typed configuration: every default lives in a dataclass here.
+
+A YAML file in ``configs/`` lists only what it changes; ``--set a.b=c`` overrides
+are applied after the file. Unknown keys are errors that name the valid ones, values
+are type-checked and range-checked, and the resolved config writes to YAML and reads
+back identically (``save_config`` / ``load_config``). ``build_model(cfg)`` in
+``captioner/models/captioner.py`` is the one place that turns this into constructor
+arguments; field names equal those arguments' names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key path."""
+
+
+@dataclass
+class ShapesConfig:
+    """The built-in synthetic data set (captioner/data/shapes.py)."""
+
+    n_train: int = 3000
+    n_val: int = 200
+    n_test: int = 200
+    image_size: int = 224
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    """Where images and captions live, and how captions become token ids."""
+
+    format: str = "shapes"  # shapes | karpathy | coco | flickr8k
+    root: str = "data/shapes"  # image directory (shapes: output directory of the generator)
+    captions: str = ""  # karpathy JSON / COCO captions JSON / Flickr8k.token.txt ("" = format default)
+    split_file: str = ""  # COCO: optional Karpathy JSON restricting the split; Flickr8k: folder of split lists
+    restval: bool = True  # COCO Karpathy split: fold "restval" into train
+    max_length: int = 20  # words per caption, longer ones are truncated (and counted)
+    min_count: int = 1  # vocabulary threshold, counted on the training split only
+    features_dir: str = ""  # feature cache; "" = <root>/features/<encoder fingerprint>
+    use_cache: bool = True  # read cached grids when the encoder is frozen
+    num_workers: int = 2
+    max_failure_share: float = 0.05  # extraction stops when more images than this share are unreadable
+    shapes: ShapesConfig = field(default_factory=ShapesConfig)
+
+
+@dataclass
+class EncoderConfig:
+    """Arguments of ``build_encoder`` (captioner/models/encoder.py)."""
+
+    name: str = "efficientnet_lite0"
+    pretrained: bool = True
+    weights_path: str = ""
+    input_size: int = 224
+    stage: int = -1  # -1: the last stage; otherwise the stage index (e.g. stride 16)
+    grid_size: int = 0  # 0: the native grid; otherwise adaptive pooling to grid_size x grid_size
+    proj_dim: int = 0  # 0: no 1x1 projection
+    finetune_blocks: int = 0  # 0: frozen (eval-mode batch norm, no grad)
+    self_attention_layers: int = 0  # self-attention refinement of the grid (0 = none)
+
+
+@dataclass
+class AttentionConfig:
+    """Which scorer and which attention the decoder uses."""
+
+    scorer: str = "additive"  # additive | dot | scaled_dot | bilinear
+    kind: str = "soft"  # soft | hard | key_value | multi_head
+    heads: int = 1
+    attention_dim: int = 512
+
+
+@dataclass
+class DecoderConfig:
+    """Arguments of ``ShowAttendTellDecoder`` (captioner/models/decoder.py)."""
+
+    embed_dim: int = 512
+    hidden_dim: int = 512
+    gate: str = "scalar"  # scalar (the paper) | vector (per channel) | none
+    dropout: float = 0.5
+
+
+@dataclass
+class ModelConfig:
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+
+@dataclass
+class HardConfig:
+    """REINFORCE for hard attention (Xu et al. 2015, §4.1, Eq. 10-12)."""
+
+    reinforce_weight: float = 1.0  # lambda_r
+    entropy_weight: float = 0.01  # lambda_e
+    baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * log p(y | s, a)
+    expectation_prob: float = 0.5  # per image, replace the sample by its expectation
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 32
+    optimizer: str = "adam"  # adam | rmsprop
+    lr: float = 4e-4
+    encoder_lr: float = 1e-4
+    weight_decay: float = 0.0
+    lr_schedule: str = "none"  # none | step | cosine
+    lr_step_epochs: int = 8
+    lr_gamma: float = 0.5
+    grad_clip: float = 5.0
+    alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14)
+    hard: HardConfig = field(default_factory=HardConfig)
+    val_metric: str = "CIDEr-D"
+    patience: int = 5
+    val_max_images: int = 0  # 0 = the whole validation split
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "none"  # none | bf16 | fp16 (CUDA only)
+    run_dir: str = "runs/default"
+    max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
+    time_budget_s: float = 0.0  # 0 = no limit; otherwise stop after the epoch that crosses it
+    log_every: int = 50
+    num_threads: int = 0  # 0 = torch default
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"
+    beam_size: int = 3
+    max_length: int = 20
+    length_penalty: float = 1.0
+    attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
+    batch_size: int = 32
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# Allowed values and ranges, checked by validate(). Keyed by dotted path.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.format": ("shapes", "karpathy", "coco", "flickr8k"),
+    "model.attention.scorer": ("additive", "dot", "scaled_dot", "bilinear"),
+    "model.attention.kind": ("soft", "hard", "key_value", "multi_head"),
+    "model.decoder.gate": ("scalar", "vector", "none"),
+    "train.optimizer": ("adam", "rmsprop"),
+    "train.lr_schedule": ("none", "step", "cosine"),
+    "train.amp": ("none", "bf16", "fp16"),
+    "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
+    "eval.split": ("train", "val", "test"),
+    "eval.attention_mode": ("expectation", "argmax", "sample"),
+}
+POSITIVE = (
+    "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
+    "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
+    "model.decoder.hidden_dim", "train.epochs", "train.batch_size", "train.lr",
+    "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
+    "train.max_nonfinite_steps", "eval.beam_size", "eval.max_length", "eval.batch_size",
+)
+NON_NEGATIVE = (
+    "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
+    "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
+    "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
+    "train.grad_clip", "train.alpha_c", "train.hard.reinforce_weight", "train.hard.entropy_weight",
+    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty",
+)
+UNIT_INTERVAL = (
+    "model.decoder.dropout", "data.max_failure_share", "train.hard.baseline_decay",
+    "train.hard.expectation_prob", "train.lr_gamma",
+)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, typ: Any, path: str) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted where floats are expected."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - only the four scalar types are used above
+        raise ConfigError(f"{path}: unsupported field type {typ}")
+    name = getattr(typ, "__name__", str(typ))
+    raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
+
+
+def _from_dict(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        where = prefix or "top level"
+        raise ConfigError(
+            f"unknown config key {'.'.join(filter(None, [prefix, str(unknown[0])]))!r} "
+            f"(valid keys at {where}: {', '.join(types_)})"
+        )
+    kwargs = {}
+    for name, typ in types_.items():
+        if name not in data:
+            continue
+        path = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = _from_dict(typ, data[name], path)
+        else:
+            kwargs[name] = _coerce(data[name], typ, path)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> Config:
+    """Build a validated Config from a (possibly partial) nested dict."""
+    cfg = _from_dict(Config, data or {}, "")
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def get_path(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks; errors name the key path and the offending value."""
+    for path, choices in CHOICES.items():
+        value = get_path(cfg, path)
+        if value not in choices:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}")
+    for path in POSITIVE:
+        value = get_path(cfg, path)
+        if not value > 0:
+            raise ConfigError(f"{path}: must be > 0, got {value!r}")
+    for path in NON_NEGATIVE:
+        value = get_path(cfg, path)
+        if value < 0:
+            raise ConfigError(f"{path}: must be >= 0, got {value!r}")
+    for path in UNIT_INTERVAL:
+        value = get_path(cfg, path)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
+    if cfg.model.attention.kind == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
+        raise ConfigError(
+            f"model.attention.attention_dim ({cfg.model.attention.attention_dim}) must be divisible by "
+            f"model.attention.heads ({cfg.model.attention.heads})"
+        )
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and a YAML-parsed value."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError(f"override {text!r}: empty key path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r} ({err})") from None
+    return parts, value
+
+
+def apply_override(data: dict, text: str) -> None:
+    """Set one ``key.path=value`` override into a nested dict, checking the path exists."""
+    parts, value = parse_override(text)
+    cls: Any = Config
+    node = data
+    for i, part in enumerate(parts):
+        types_ = _field_types(cls)
+        path = ".".join(parts[: i + 1])
+        if part not in types_:
+            where = ".".join(parts[:i]) or "top level"
+            raise ConfigError(f"unknown config key {path!r} (valid keys at {where}: {', '.join(types_)})")
+        typ = types_[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
+                raise ConfigError(f"{path} is a section; set one of its keys: {', '.join(_field_types(typ))}")
+            node[part] = value
+        else:
+            if not dataclasses.is_dataclass(typ):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{path}: expected a mapping in the config file")
+            cls = typ
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Read a YAML config (only the keys it changes) and apply ``key=value`` overrides."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    for text in overrides:
+        apply_override(data, text)
+    try:
+        return config_from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from None
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def add_config_arguments(parser: Any) -> None:
+    """The ``--config`` / ``--set`` pair every command that reads a config accepts."""
+    parser.add_argument("--config", default=None, help="YAML config file (lists only what it changes)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config value, e.g. --set model.attention.scorer=dot (repeatable)",
+    )

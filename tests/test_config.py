@@ -1,0 +1,107 @@
+"""Config strictness, overrides and the YAML round trip."""
+
+from pathlib import Path
+
+import pytest
+
+from captioner.config import (
+    Config, ConfigError, config_from_dict, config_to_dict, load_config, parse_override, save_config,
+)
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+def test_defaults_validate():
+    cfg = config_from_dict({})
+    assert cfg == Config()
+    assert cfg.model.attention.scorer == "additive"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads_and_says_how_to_run(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("#")
+    assert "captioner train --config configs/" + path.name in path.read_text()
+
+
+def test_expected_configs_ship():
+    names = {p.name for p in CONFIGS}
+    assert {"shapes.yaml", "smoke.yaml", "flickr8k_soft.yaml", "flickr8k_hard.yaml",
+            "coco_soft.yaml", "coco_hard.yaml"} <= names
+
+
+def test_overrides_apply_with_types():
+    cfg = load_config(None, ["model.attention.scorer=dot", "train.lr=0.002", "train.epochs=3",
+                             "data.restval=false"])
+    assert cfg.model.attention.scorer == "dot"
+    assert cfg.train.lr == 0.002 and isinstance(cfg.train.lr, float)
+    assert cfg.train.epochs == 3
+    assert cfg.data.restval is False
+
+
+def test_int_accepted_for_float():
+    assert load_config(None, ["train.lr=1"]).train.lr == 1.0
+
+
+def test_unknown_key_names_path_and_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.attention.scorr=dot"])
+    msg = str(err.value)
+    assert "model.attention.scorr" in msg and "scorer" in msg and "heads" in msg
+
+
+def test_unknown_key_in_file_names_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "train.learning_rate" in str(err.value) and str(path) in str(err.value)
+    assert "lr" in str(err.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.lr=-0.1", "train.lr"),
+    ("eval.beam_size=0", "eval.beam_size"),
+    ("train.epochs=two", "train.epochs"),
+    ("train.epochs=2.5", "train.epochs"),
+    ("model.decoder.dropout=1.5", "model.decoder.dropout"),
+    ("model.attention.scorer=cosine", "model.attention.scorer"),
+    ("data.restval=maybe", "data.restval"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert key in str(err.value)
+
+
+def test_section_cannot_be_set_to_scalar():
+    with pytest.raises(ConfigError, match="model.attention"):
+        load_config(None, ["model.attention=soft"])
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError):
+        parse_override("no_equals_sign")
+    with pytest.raises(ConfigError):
+        parse_override("a..b=1")
+
+
+def test_multi_head_dim_divisible():
+    with pytest.raises(ConfigError, match="heads"):
+        load_config(None, ["model.attention.kind=multi_head", "model.attention.heads=3"])
+
+
+def test_round_trip_yaml(tmp_path):
+    cfg = load_config(None, ["model.attention.kind=hard", "train.lr=0.0003", "eval.beam_size=5",
+                             "data.captions=some/file.json"])
+    save_config(cfg, tmp_path / "cfg.yaml")
+    again = load_config(tmp_path / "cfg.yaml")
+    assert again == cfg
+    assert config_to_dict(again) == config_to_dict(cfg)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("does/not/exist.yaml")
