@@ -1,0 +1,123 @@
+"""The one safe image loader: any file a user points at -> an RGB PIL image, or a clear ImageLoadError.
+
+Every image that reaches the encoder (Xu et al. 2015, Sec. 3.1.1: the CNN sees an RGB image and yields the
+annotation vectors a_i) passes through ``load_image``. It
+- refuses decompression bombs from the header, before a single pixel is decoded (PIL's ``open`` is lazy);
+- decodes fully inside the ``try`` so a truncated file fails here, not later inside a DataLoader worker;
+- applies the EXIF orientation, since phones store portraits as rotated landscapes;
+- maps every mode to 8-bit RGB: transparency is composited over white, 16-bit data is rescaled (PIL's own
+  ``convert`` clips 16-bit values to 255, which turns most of such an image white).
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own default limit (~ 0.25 GB at 3 bytes per pixel)
+
+# Modes with an alpha channel (or a palette that may carry one) are composited over white: a transparent
+# background most often means "no background", and black (what a plain drop of alpha gives) is rarely meant.
+_ALPHA_MODES = {"RGBA", "LA", "La", "RGBa", "PA"}
+_WIDE_INT_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N"}
+
+
+class ImageLoadError(ValueError):
+    """An image file could not be loaded; ``str(err)`` names the file and the reason."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"cannot load image {self.path}: {reason}")
+
+
+def load_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Load ``path`` as an 8-bit RGB image with its EXIF orientation applied.
+
+    Args:
+        path: the image file.
+        max_pixels: refuse images whose header declares more than this many pixels (width * height). PIL's
+            global ``Image.MAX_IMAGE_PIXELS`` guard also applies and is reported the same way.
+
+    Raises:
+        ImageLoadError: missing, empty, unreadable, not an image, truncated, corrupt or too large.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ImageLoadError(path, "file not found")
+    if not path.is_file():  # a directory or a FIFO would fail obscurely or block forever
+        raise ImageLoadError(path, "not a regular file")
+    if path.stat().st_size == 0:
+        raise ImageLoadError(path, "empty file (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            # PIL only *warns* between 1x and 2x its limit; a warning would let the bomb through.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as lazy:
+                width, height = lazy.size  # from the header; nothing decoded yet
+                if width <= 0 or height <= 0:
+                    raise ImageLoadError(path, f"invalid size {width}x{height}")
+                if width * height > max_pixels:
+                    raise ImageLoadError(
+                        path, f"too many pixels: {width}x{height} = {width * height} > max_pixels={max_pixels}"
+                    )
+                lazy.load()  # full decode now, so truncation and corruption surface here
+                return _to_rgb(_apply_exif_orientation(lazy))
+    except ImageLoadError:
+        raise
+    except FileNotFoundError as err:
+        raise ImageLoadError(path, "file not found") from err
+    except PermissionError as err:
+        raise ImageLoadError(path, "permission denied") from err
+    except UnidentifiedImageError as err:
+        raise ImageLoadError(path, "not a recognised image format") from err
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ImageLoadError(path, f"decompression bomb refused ({err})") from err
+    except MemoryError as err:
+        raise ImageLoadError(path, "out of memory while decoding") from err
+    except (OSError, SyntaxError, ValueError, TypeError, IndexError, EOFError, KeyError, struct.error) as err:
+        # PIL reports truncated and corrupt data through any of these, depending on the plugin.
+        raise ImageLoadError(path, f"corrupt or truncated image data ({type(err).__name__}: {err})") from err
+
+
+def _apply_exif_orientation(im: Image.Image) -> Image.Image:
+    try:
+        rotated = ImageOps.exif_transpose(im)
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not make good pixels unreadable
+        return im
+    return im if rotated is None else rotated
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """Any PIL mode -> 8-bit RGB (a new image, detached from the file)."""
+    mode = im.mode
+    if mode == "RGB":
+        return im.copy()
+    if mode in _WIDE_INT_MODES:
+        # 16-bit samples (PNG "I;16", or "I" holding 0..65535): 65535 / 257 = 255, so the full range maps onto
+        # 0..255 without clipping. Values outside 16 bits (rare 32-bit TIFFs) are min-max scaled instead.
+        a = np.asarray(im, dtype=np.int64)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            lo, hi = int(a.min()), int(a.max())
+            a = (a - lo) * 255.0 / max(hi - lo, 1)
+        else:
+            a = a / 257.0
+        return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), mode="L").convert("RGB")
+    if mode == "F":
+        a = np.asarray(im, dtype=np.float64)
+        a = np.nan_to_num(a, nan=0.0, posinf=255.0, neginf=0.0)
+        if a.size and a.min() >= 0.0 and a.max() <= 1.0:  # float images in [0, 1] are the usual convention
+            a = a * 255.0
+        return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), mode="L").convert("RGB")
+    if mode == "P" and "transparency" in im.info:
+        mode = "PA"
+    if mode in _ALPHA_MODES:
+        rgba = im.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    # L, 1, P, CMYK, YCbCr, LAB, HSV, I;16 variants PIL converts itself...
+    return im.convert("RGB")
