@@ -1,0 +1,253 @@
+"""Caption metrics (BLEU, METEOR, ROUGE-L, CIDEr-D) and attention grounding.
+
+Caption scores are the field's standard coco-caption implementations from `pycocoevalcap`
+(BLEU-1..4 of Papineni et al. 2002 with the "closest" reference length; METEOR 1.5 of
+Denkowski & Lavie 2014, a Java jar; ROUGE-L of Lin 2004 with beta 1.2; and CIDEr-D of
+Vedantam et al. 2015), reported on the 0-100 scale as in Table 1 of Xu et al. 2015.
+pycocoevalcap's class is named `Cider`, but its scorer is CIDEr-D: clipped n-gram counts,
+a Gaussian length penalty (sigma 6), the x10 factor and idf from the evaluated references.
+Note that its length term counts the candidate's bigrams rather than its words; we keep
+the reference implementation as it is so numbers stay comparable with published ones.
+
+Attention grounding measures how much of a word's attention alpha_t (Eq. (4)-(5) of
+Xu et al.) falls on the object the word names: the attention mass on grid cells weighted
+by the share of each cell's image area that lies inside the object's region. It is the
+quantitative version of the paper's Fig. 2-3 and 5 overlays.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from captioner.data.vocab import tokenize
+
+CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
+
+def _normalise(text: str) -> str:
+    """The project's tokenizer (captioner.data.vocab.tokenize) without punctuation tokens, space-joined.
+
+    Stands in for coco-caption's PTB tokenizer, which needs a JVM start per call and also
+    lower-cases and drops punctuation; unlike PTB, "dog's" stays one token, exactly as the
+    vocabulary sees it.
+    """
+    return " ".join(t for t in tokenize(text) if any(ch.isalnum() for ch in t))
+
+
+def caption_scores(
+    predictions: dict[str, str],
+    references: dict[str, list[str]],
+    *,
+    meteor: bool = True,
+    metrics: Sequence[str] | None = None,
+    meteor_timeout_s: float = 600.0,
+) -> dict[str, float | None]:
+    """Corpus-level caption metrics on the 0-100 scale.
+
+    Args:
+        predictions: image id -> generated caption (raw text).
+        references: image id -> its raw reference captions (never vocab-re-encoded, so
+            words outside the vocabulary still count against the model). Same ids.
+        meteor: False skips METEOR (a JVM start, ~30 s here); its value is then None.
+        metrics: names to compute (default all of CAPTION_METRICS), e.g. ("BLEU-4", "CIDEr-D")
+            for fast validation during training. Only these keys are returned.
+        meteor_timeout_s: a METEOR run longer than this is killed and reported as None.
+
+    Returns:
+        name -> score, or None for METEOR when Java is missing, it was skipped, or it failed
+        (never 0, which would read as a real, terrible score).
+    """
+    wanted = tuple(CAPTION_METRICS if metrics is None else metrics)
+    unknown = [m for m in wanted if m not in CAPTION_METRICS]
+    if unknown:
+        raise ValueError(f"unknown caption metric(s) {unknown}; valid names: {list(CAPTION_METRICS)}")
+    if not predictions:
+        raise ValueError("caption_scores needs at least one prediction")
+    missing = sorted(set(predictions) - set(references))[:5]
+    extra = sorted(set(references) - set(predictions))[:5]
+    if missing or extra:
+        raise ValueError(
+            f"predictions and references must cover the same image ids; "
+            f"without references: {missing}, without predictions: {extra} (first 5 shown)"
+        )
+    empty = [k for k, refs in references.items() if not refs][:5]
+    if empty:
+        raise ValueError(f"images without reference captions: {empty} (first 5 shown)")
+
+    # coco-caption scorers take {id: [tokenised sentence, ...]} with one hypothesis per id
+    ids = sorted(predictions)
+    res = {i: [_normalise(predictions[i])] for i in ids}
+    gts = {i: [_normalise(r) for r in references[i]] for i in ids}
+
+    out: dict[str, float | None] = {}
+    if any(m.startswith("BLEU") for m in wanted):
+        from pycocoevalcap.bleu.bleu import Bleu
+
+        bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+        for n in range(4):
+            out[f"BLEU-{n + 1}"] = 100.0 * float(bleu[n])
+    if "METEOR" in wanted:
+        out["METEOR"] = _meteor(gts, res, meteor_timeout_s) if meteor else None
+    if "ROUGE-L" in wanted:
+        from pycocoevalcap.rouge.rouge import Rouge
+
+        out["ROUGE-L"] = 100.0 * float(Rouge().compute_score(gts, res)[0])
+    if "CIDEr-D" in wanted:
+        from pycocoevalcap.cider.cider import Cider
+
+        out["CIDEr-D"] = 100.0 * float(Cider().compute_score(gts, res)[0])
+    return {m: out[m] for m in wanted}
+
+
+def _meteor(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: float) -> float | None:
+    """METEOR 1.5 through pycocoevalcap's Java wrapper; None (with a warning) if it cannot run."""
+    if shutil.which("java") is None:
+        warnings.warn("METEOR unavailable: no `java` on PATH (install a JRE to report it)", stacklevel=3)
+        return None
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    scorer = None
+    timer = None
+    try:
+        scorer = Meteor()
+        # a wedged JVM would block readline forever: killing it turns the hang into an error
+        timer = threading.Timer(timeout_s, scorer.meteor_p.kill)
+        timer.start()
+        score, _ = scorer.compute_score(gts, res)
+        return 100.0 * float(score)
+    except (OSError, ValueError, RuntimeError) as err:
+        warnings.warn(f"METEOR failed, reported as None: {type(err).__name__}: {err}", stacklevel=3)
+        return None
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if scorer is not None:
+            # the wrapper keeps its lock if compute_score raised, and its __del__ would then block forever
+            if scorer.lock.locked():
+                scorer.lock.release()
+            scorer.meteor_p.kill()
+            scorer.meteor_p.wait()
+            try:  # closed here so the wrapper's __del__ finds nothing left to flush into a dead pipe
+                scorer.meteor_p.stdin.close()
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------------------
+# attention grounding
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor, possibly on an accelerator or requiring grad
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _cell_overlap(n_cells: int, n_pixels: int) -> np.ndarray:
+    """(n_cells, n_pixels): share of each cell's extent covered by each pixel along one axis.
+
+    Cell c spans [c * n_pixels / n_cells, (c + 1) * n_pixels / n_cells) in pixels, so grids
+    that do not divide the image evenly are still mapped exactly; each row sums to 1.
+    """
+    edges = np.arange(n_cells + 1) * (n_pixels / n_cells)
+    lo, hi = edges[:-1, None], edges[1:, None]  # (n_cells, 1)
+    px = np.arange(n_pixels)[None, :]  # (1, n_pixels)
+    overlap = np.clip(np.minimum(hi, px + 1) - np.maximum(lo, px), 0.0, None)  # (n_cells, n_pixels)
+    return overlap / (n_pixels / n_cells)
+
+
+def region_fraction(grid_hw: tuple[int, int], mask: np.ndarray) -> np.ndarray:
+    """(H*W,): fraction of each grid cell's image area inside `mask` (H_img, W_img), row-major."""
+    H, W = grid_hw
+    mask = np.asarray(mask, dtype=np.float64)
+    if mask.ndim != 2:
+        raise ValueError(f"mask must be (H_img, W_img), got shape {mask.shape}")
+    oy = _cell_overlap(H, mask.shape[0])  # (H, H_img)
+    ox = _cell_overlap(W, mask.shape[1])  # (W, W_img)
+    return (oy @ mask @ ox.T).reshape(H * W)  # (H, W) -> (L,)
+
+
+def _share_inside(alpha: np.ndarray, fraction: np.ndarray) -> float:
+    total = alpha.sum()
+    return float((alpha * fraction).sum() / total) if total > 0 else 0.0
+
+
+def grounding_from_mask(alpha: Any, grid_hw: tuple[int, int], mask: Any) -> float:
+    """Share of one word's attention alpha (H*W,) inside a boolean region mask (H_img, W_img).
+
+    For COCO instance masks (pycocotools `annToMask`); alpha is renormalised to sum 1.
+    """
+    H, W = grid_hw
+    a = _as_numpy(alpha).reshape(-1)
+    if a.size != H * W:
+        raise ValueError(f"alpha has {a.size} values but grid_hw {grid_hw} needs {H * W}")
+    return _share_inside(a, region_fraction(grid_hw, _as_numpy(mask)))
+
+
+def boxes_mask(boxes: Iterable[Sequence[float]], image_size: tuple[int, int]) -> np.ndarray:
+    """(H_img, W_img) float mask of the union of [x0, y0, x1, y1] pixel boxes (x1, y1 exclusive).
+
+    Fractional box edges give fractional pixel coverage; overlapping boxes count once.
+    """
+    W_img, H_img = image_size
+    mask = np.zeros((H_img, W_img))
+    xs, ys = np.arange(W_img), np.arange(H_img)
+    for x0, y0, x1, y1 in boxes:
+        cover_x = np.clip(np.minimum(x1, xs + 1) - np.maximum(x0, xs), 0.0, 1.0)  # (W_img,)
+        cover_y = np.clip(np.minimum(y1, ys + 1) - np.maximum(y0, ys), 0.0, 1.0)  # (H_img,)
+        mask = np.maximum(mask, cover_y[:, None] * cover_x[None, :])
+    return mask
+
+
+def attention_grounding(
+    words: Sequence[str],
+    alphas: Any,
+    grid_hw: tuple[int, int],
+    objects: Sequence[dict],
+    image_size: tuple[int, int],
+) -> float | None:
+    """Mean share of attention inside the named object's region, over words that name one.
+
+    Args:
+        words: the generated words.
+        alphas: (len(words), H*W) attention of the step that produced each word.
+        grid_hw: (H, W) of the attention grid.
+        objects: dicts {"name": str, "box": [x0, y0, x1, y1]} in image pixels (x1, y1
+            exclusive). A word refers to every object whose name equals it; its region is
+            the union of their boxes.
+        image_size: (W, H) of the image in pixels (PIL order).
+
+    Returns:
+        The mean over referring words (each in [0, 1]), or None when no word names an object.
+    """
+    H, W = grid_hw
+    a = _as_numpy(alphas)
+    if a.ndim != 2 or a.shape != (len(words), H * W):
+        raise ValueError(
+            f"alphas must be (n_words={len(words)}, H*W={H * W}) for grid_hw {grid_hw}, got shape {a.shape}"
+        )
+    boxes_by_name: dict[str, list] = {}
+    for obj in objects:
+        boxes_by_name.setdefault(obj["name"], []).append(obj["box"])
+    fractions: dict[str, np.ndarray] = {}  # one raster per named region, reused by repeated words
+    shares = []
+    for i, word in enumerate(words):
+        if word not in boxes_by_name:
+            continue
+        if word not in fractions:
+            fractions[word] = region_fraction(grid_hw, boxes_mask(boxes_by_name[word], image_size))
+        if fractions[word].sum() == 0:  # every box lies outside the image: no known region
+            continue
+        shares.append(_share_inside(a[i], fractions[word]))
+    return float(np.mean(shares)) if shares else None
+
+
+def mean_grounding(values: Iterable[float | None]) -> float | None:
+    """Dataset-level mean of per-image grounding values, ignoring None; None if all are None."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None

@@ -1,0 +1,156 @@
+"""Caption metric and attention-grounding tests on hand-made values."""
+
+import numpy as np
+import pytest
+import torch
+
+import captioner.metrics as metrics
+from captioner.metrics import (
+    CAPTION_METRICS,
+    attention_grounding,
+    caption_scores,
+    grounding_from_mask,
+    mean_grounding,
+    region_fraction,
+)
+
+REFS = {
+    "1": ["A red circle above a blue square.", "a red circle over a blue square"],
+    "2": ["a small green triangle left of a large yellow circle", "a green triangle and a yellow circle"],
+    "3": ["two blue squares next to each other", "a pair of blue squares side by side"],
+    "4": ["a purple star below a small orange triangle", "an orange triangle above a purple star"],
+}
+
+
+def test_identical_captions_score_100_and_disjoint_score_0():
+    same = {k: v[0] for k, v in REFS.items()}
+    scores = caption_scores(same, REFS, meteor=False)
+    assert list(scores) == list(CAPTION_METRICS)
+    for n in range(1, 5):
+        assert scores[f"BLEU-{n}"] == pytest.approx(100.0, abs=1e-3)
+    assert scores["ROUGE-L"] == pytest.approx(100.0, abs=1e-3)
+    assert scores["CIDEr-D"] > 100.0  # CIDEr-D is not capped at 100 (x10 factor)
+    assert scores["METEOR"] is None  # skipped, never reported as 0
+
+    disjoint = {k: "zebra giraffe elephant walking quickly home tonight" for k in REFS}
+    scores = caption_scores(disjoint, REFS, meteor=False)
+    for name in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
+        assert scores[name] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_punctuation_and_case_do_not_matter_and_order_does():
+    same = {k: v[0].upper().replace(" ", " , ") for k, v in REFS.items()}
+    assert caption_scores(same, REFS, meteor=False)["BLEU-4"] == pytest.approx(100.0, abs=1e-3)
+    shuffled = {k: " ".join(reversed(v[0].split())) for k, v in REFS.items()}
+    partial = caption_scores(shuffled, REFS, meteor=False)
+    assert 0.0 < partial["BLEU-1"] and partial["BLEU-4"] < 50.0
+
+
+def test_metric_subset_and_unknown_names():
+    preds = {k: v[1] for k, v in REFS.items()}
+    sub = caption_scores(preds, REFS, metrics=("BLEU-4", "CIDEr-D"))
+    assert set(sub) == {"BLEU-4", "CIDEr-D"}
+    assert sub["BLEU-4"] == pytest.approx(caption_scores(preds, REFS, meteor=False)["BLEU-4"])
+    with pytest.raises(ValueError, match="CIDEr-D"):
+        caption_scores(preds, REFS, metrics=("CIDEr",))
+
+
+def test_mismatched_ids_and_empty_prediction():
+    with pytest.raises(ValueError, match="same image ids"):
+        caption_scores({"1": "a"}, REFS, meteor=False)
+    preds = {k: v[0] for k, v in REFS.items()}
+    preds["2"] = ""  # a model may legitimately emit <end> first
+    scores = caption_scores(preds, REFS, meteor=False)
+    assert all(np.isfinite(v) for k, v in scores.items() if v is not None)
+
+
+def test_meteor_is_none_without_java(monkeypatch):
+    monkeypatch.setattr(metrics.shutil, "which", lambda name: None)
+    preds = {k: v[0] for k, v in REFS.items()}
+    with pytest.warns(UserWarning, match="java"):
+        scores = caption_scores(preds, REFS)
+    assert scores["METEOR"] is None and scores["BLEU-4"] == pytest.approx(100.0, abs=1e-3)
+
+
+def test_meteor_failure_is_none_with_a_warning(monkeypatch):
+    import pycocoevalcap.meteor.meteor as pm
+
+    monkeypatch.setattr(pm.Meteor, "__init__", _broken_meteor_init)
+    preds = {k: v[0] for k, v in REFS.items()}
+    with pytest.warns(UserWarning, match="METEOR failed"):
+        assert caption_scores(preds, REFS, metrics=("METEOR",))["METEOR"] is None
+
+
+def _broken_meteor_init(self):
+    import subprocess
+    import sys
+    import threading
+
+    # a process that exits at once: writes fail or readline returns b'' -> an error, not a hang
+    self.meteor_p = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    self.lock = threading.Lock()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(metrics.shutil.which("java") is None, reason="METEOR needs Java")
+def test_meteor_with_java():
+    # one JVM start (~30 s on this machine): identical captions for half the images, unrelated for the rest
+    preds = {k: (v[0] if k in ("1", "2") else "zebra giraffe elephant") for k, v in REFS.items()}
+    score = caption_scores(preds, REFS, metrics=("METEOR",))["METEOR"]
+    assert score is not None and 20.0 < score < 90.0
+
+
+# ------------------------------------------------------------------ grounding
+
+GRID = (4, 4)
+SIZE = (64, 64)  # (W, H): each cell is 16 x 16 pixels
+BOX = {"name": "circle", "box": [0, 0, 32, 32]}  # exactly the top-left 2 x 2 cells
+
+
+def alpha_on(cells):
+    a = torch.zeros(16)
+    a[cells] = 1.0 / len(cells)
+    return a
+
+
+def test_grounding_inside_outside_half():
+    inside, outside = alpha_on([0, 1, 4, 5]), alpha_on([10, 15])
+    half = alpha_on([0, 15])
+    words = ["a", "circle"]
+    for alpha, expected in ((inside, 1.0), (outside, 0.0), (half, 0.5)):
+        alphas = torch.stack([alpha_on([15]), alpha])  # "a" names nothing: ignored
+        assert attention_grounding(words, alphas, GRID, [BOX], SIZE) == pytest.approx(expected)
+
+
+def test_grounding_uses_cell_area_fractions_and_box_unions():
+    # a box covering the left half of cell 0 only: full attention on cell 0 -> 0.5
+    box = {"name": "square", "box": [0, 0, 8, 16]}
+    assert attention_grounding(["square"], alpha_on([0])[None], GRID, [box], SIZE) == pytest.approx(0.5)
+    # two overlapping boxes with the same name: union, counted once
+    boxes = [{"name": "square", "box": [0, 0, 16, 16]}, {"name": "square", "box": [8, 0, 32, 16]}]
+    assert attention_grounding(["square"], alpha_on([0, 1])[None], GRID, boxes, SIZE) == pytest.approx(1.0)
+    # grid that does not divide the image: 3 cells over 10 pixels, box = first 5 pixels
+    frac = region_fraction((1, 3), np.pad(np.ones((1, 5)), ((0, 0), (0, 5))))
+    assert frac == pytest.approx([1.0, (5 - 10 / 3) / (10 / 3), 0.0])
+
+
+def test_grounding_none_when_no_word_refers_and_mean_over_words():
+    alphas = torch.stack([alpha_on([0]), alpha_on([15])])
+    assert attention_grounding(["a", "dog"], alphas, GRID, [BOX], SIZE) is None
+    two = attention_grounding(["circle", "circle"], alphas, GRID, [BOX], SIZE)
+    assert two == pytest.approx(0.5)
+
+
+def test_grounding_shape_errors_name_the_sizes():
+    with pytest.raises(ValueError, match=r"n_words=2.*H\*W=16"):
+        attention_grounding(["a", "circle"], torch.zeros(2, 15), GRID, [BOX], SIZE)
+
+
+def test_grounding_from_mask_and_mean():
+    mask = np.zeros((64, 64), dtype=bool)
+    mask[:32, :32] = True
+    assert grounding_from_mask(alpha_on([0, 5]), GRID, mask) == pytest.approx(1.0)
+    assert grounding_from_mask(alpha_on([0, 15]), GRID, mask) == pytest.approx(0.5)
+    assert mean_grounding([1.0, None, 0.0, None]) == pytest.approx(0.5)
+    assert mean_grounding([None, None]) is None

@@ -1,0 +1,323 @@
+"""Search tests with mock step functions (token ids only, no model)."""
+
+import math
+
+import pytest
+import torch
+
+from captioner.search import Hypothesis, beam_search, greedy_search, map_state, sample_search
+
+PAD, START, END = 0, 1, 2
+
+
+class RandomStep:
+    """A fixed random language model whose next-word log-probs depend on the last token, a
+    float state h and the whole token history carried in the state (so a wrong reorder of
+    any state tensor changes the scores). It returns the history as "alpha" so tests can
+    check which step produced each recorded alpha. Rows are independent (elementwise ops)."""
+
+    def __init__(self, V=12, S=6, max_len=12, seed=0, end_bias=1.0):
+        g = torch.Generator().manual_seed(seed)
+        self.V, self.S, self.max_len, self.end_bias = V, S, max_len, end_bias
+        self.table = torch.randn(V, V, generator=g, dtype=torch.float64) * 2
+        self.emb = torch.randn(V, S, generator=g, dtype=torch.float64)
+        self.w = torch.randn(S, generator=g, dtype=torch.float64)
+        self.U = torch.randn(S, V, generator=g, dtype=torch.float64)
+        self.memory = torch.randn(7, V, generator=g, dtype=torch.float64)
+        self.h0 = torch.randn(64, S, generator=g, dtype=torch.float64)
+        self.calls = 0
+
+    def init_state(self, B):
+        hist = torch.zeros(B, self.max_len + 1, dtype=torch.long)
+        return (self.h0[:B].clone(), (hist, torch.zeros(B, dtype=torch.long)))  # nested on purpose
+
+    def __call__(self, tokens, state):
+        self.calls += 1
+        h, (hist, pos) = state
+        hist = hist.scatter(1, pos[:, None], tokens[:, None])  # (N, T+1) tokens fed so far
+        h = torch.tanh(h * self.w + self.emb[tokens])  # (N, S)
+        logits = self.table[tokens] + (h[:, :, None] * self.U).sum(1) + self.memory[hist.sum(1) % 7]  # (N, V)
+        logits[:, END] += self.end_bias
+        return torch.log_softmax(logits, -1), hist.double(), (h, (hist, pos + 1))
+
+    def replay_score(self, image, tokens, finished):
+        """Sum of log-probs of `tokens` (+ <end>) for image row `image`, fed one by one."""
+        state = map_state(self.init_state(64), lambda x: x[image : image + 1])
+        fed, total = START, 0.0
+        for w in list(tokens) + ([END] if finished else []):
+            lp, _, state = self(torch.tensor([fed]), state)
+            total += float(lp[0, w])
+            fed = w
+        return total
+
+
+def lattice_step(tokens, state):
+    """Greedy takes A (0.55) then only reaches <end> with 0.35; B (0.45) then <end> (0.95) is better."""
+    A, B = 3, 4
+    probs = torch.full((tokens.size(0), 6), 1e-6)
+    for i, tok in enumerate(tokens.tolist()):
+        if tok == START:
+            probs[i, A], probs[i, B] = 0.55, 0.45
+        elif tok == A:
+            probs[i, END], probs[i, A], probs[i, B] = 0.35, 0.33, 0.32
+        elif tok == B:
+            probs[i, END], probs[i, 5] = 0.95, 0.05
+        else:
+            probs[i, END] = 1.0
+    probs = probs / probs.sum(1, keepdim=True)
+    return probs.log(), None, state
+
+
+def never_end_step(tokens, state):
+    """Uniform-ish over words 3..V-1 with a token-dependent tilt; <end> is essentially impossible."""
+    V = 8
+    logits = torch.arange(V, dtype=torch.float32).repeat(tokens.size(0), 1) * 0.1
+    logits = logits + (tokens[:, None] % 3) * torch.linspace(0, 1, V)
+    logits[:, END] = -1e4
+    logits[:, PAD] = logits[:, START] = -1e4
+    return torch.log_softmax(logits, -1), None, state
+
+
+def same(h1: Hypothesis, h2: Hypothesis, exact=True):
+    assert h1.tokens == h2.tokens and h1.finished == h2.finished
+    if exact:
+        assert h1.score == h2.score
+    else:
+        assert h1.score == pytest.approx(h2.score, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_width_one_equals_greedy(seed):
+    m = RandomStep(seed=seed)
+    g = greedy_search(m, m.init_state(5), 5, START, END, max_length=10)
+    b = beam_search(m, m.init_state(5), 5, START, END, beam_size=1, max_length=10)
+    for hg, hb in zip(g, b):
+        same(hg[0], hb[0])
+        assert hg[0].norm_score == hb[0].norm_score
+        assert torch.equal(hg[0].alphas, hb[0].alphas)
+
+
+def test_beam_finds_what_greedy_misses():
+    state = (torch.zeros(1, 1),)
+    calls = []
+
+    def counted(tokens, state):
+        calls.append(1)
+        return lattice_step(tokens, state)
+
+    g = greedy_search(lattice_step, state, 1, START, END, max_length=5)[0][0]
+    b = beam_search(counted, state, 1, START, END, beam_size=2, max_length=5)[0][0]
+    assert len(calls) == 2  # both beams finished at step 2: the search stopped early
+    assert g.tokens == [3] and b.tokens == [4] and b.finished
+    assert b.score == pytest.approx(math.log(0.45 * 0.95), abs=1e-4)
+    assert b.score > g.score and b.alphas is None
+
+
+@pytest.mark.parametrize("K,n_best,lp", [(3, 3, 1.0), (4, 2, 0.0), (2, 2, 0.7)])
+def test_batched_beam_equals_single_image_beams(K, n_best, lp):
+    m = RandomStep(seed=1)
+    B = 5
+    batched = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=9, length_penalty=lp, n_best=n_best)
+    for b in range(B):
+        single_state = map_state(m.init_state(B), lambda x: x[b : b + 1])
+        single = beam_search(m, single_state, 1, START, END, beam_size=K, max_length=9, length_penalty=lp, n_best=n_best)[0]
+        assert len(single) == len(batched[b]) == n_best
+        for h1, h2 in zip(batched[b], single):
+            same(h1, h2, exact=False)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_scores_match_replay_and_state_history(search):
+    m = RandomStep(seed=2, end_bias=1.5)
+    B = 4
+    if search == "greedy":
+        out = greedy_search(m, m.init_state(B), B, START, END, max_length=8)
+    elif search == "beam":
+        out = beam_search(m, m.init_state(B), B, START, END, beam_size=4, max_length=8, n_best=4)
+    else:
+        out = sample_search(m, m.init_state(B), B, START, END, max_length=8, generator=torch.Generator().manual_seed(0))
+    n_finished = 0
+    for b, hyps in enumerate(out):
+        for h in hyps:
+            assert h.score == pytest.approx(m.replay_score(b, h.tokens, h.finished), abs=1e-4)
+            length = len(h.tokens) + h.finished
+            assert h.norm_score == pytest.approx(h.score / length, rel=1e-6)
+            # alpha i came from the step fed <start> w_0 .. w_{i-1}: the history the state carried then
+            assert h.alphas.shape == (len(h.tokens), m.max_len + 1)
+            for i in range(len(h.tokens)):
+                assert h.alphas[i, : i + 1].long().tolist() == [START] + h.tokens[:i]
+            assert END not in h.tokens
+            n_finished += h.finished
+    assert n_finished > 0  # the property was checked on finished captions too
+
+
+def test_max_length_respected_and_n_best_sorted():
+    m = RandomStep(seed=3, end_bias=-1.0)
+    for max_length in (1, 3, 6):
+        out = beam_search(m, m.init_state(6), 6, START, END, beam_size=3, max_length=max_length, n_best=3)
+        for hyps in out:
+            assert len(hyps) == 3
+            norms = [h.norm_score for h in hyps]
+            assert norms == sorted(norms, reverse=True)
+            for h in hyps:
+                assert len(h.tokens) <= max_length
+                assert len(h.tokens) < max_length if h.finished else len(h.tokens) == max_length
+
+
+def test_never_ending_beams_return_best_unfinished():
+    state = (torch.zeros(3, 2),)
+    out = beam_search(never_end_step, state, 3, START, END, beam_size=3, max_length=5, n_best=3)
+    for hyps in out:
+        assert len(hyps) == 3
+        assert all(not h.finished and len(h.tokens) == 5 for h in hyps)
+        assert hyps[0].score >= hyps[1].score >= hyps[2].score
+        assert hyps[0].tokens != hyps[1].tokens
+    g = greedy_search(never_end_step, state, 3, START, END, max_length=5)
+    assert all(not h[0].finished and len(h[0].tokens) == 5 for h in g)
+
+
+def test_n_best_larger_than_beam_is_filled_when_possible():
+    m = RandomStep(seed=4, end_bias=1.5)
+    out = beam_search(m, m.init_state(3), 3, START, END, beam_size=2, max_length=8, n_best=4)
+    for hyps in out:
+        assert 1 <= len(hyps) <= 4
+        assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
+def test_min_length_masks_end_and_fixes_work():
+    m = RandomStep(seed=5, end_bias=3.0)  # would end almost at once
+    out = beam_search(m, m.init_state(4), 4, START, END, beam_size=3, max_length=7, min_length=3, n_best=3)
+    assert all(len(h.tokens) >= 3 for hyps in out for h in hyps)
+    for search in ("greedy", "beam"):
+        m.calls = 0
+        if search == "greedy":
+            out = greedy_search(m, m.init_state(4), 4, START, END, max_length=6, min_length=6)
+        else:
+            out = beam_search(m, m.init_state(4), 4, START, END, beam_size=3, max_length=6, min_length=6)
+        assert m.calls == 6
+        assert all(len(h.tokens) == 6 and not h.finished for hyps in out for h in hyps)
+
+
+def test_sampling_top_k_one_equals_greedy():
+    m = RandomStep(seed=6)
+    g = greedy_search(m, m.init_state(6), 6, START, END, max_length=8)
+    s = sample_search(m, m.init_state(6), 6, START, END, max_length=8, top_k=1, temperature=0.7,
+                      generator=torch.Generator().manual_seed(1))
+    for hg, hs in zip(g, s):
+        same(hg[0], hs[0])
+
+
+def test_sampling_is_deterministic_with_a_seeded_generator():
+    m = RandomStep(seed=7, end_bias=0.0)
+
+    def run(seed, temperature=1.5):
+        out = sample_search(m, m.init_state(8), 8, START, END, max_length=8, temperature=temperature,
+                            generator=torch.Generator().manual_seed(seed))
+        return [(h[0].tokens, h[0].score) for h in out]
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+
+
+def test_sampling_follows_the_tempered_top_k_distribution():
+    p = torch.tensor([0.0, 0.0, 0.1, 0.2, 0.3, 0.4])  # pad and start impossible
+    log_p = p.clamp_min(1e-30).log()
+
+    def step(tokens, state):
+        return log_p.repeat(tokens.size(0), 1), None, state
+
+    n = 20000
+    state = (torch.zeros(n, 1),)
+    gen = torch.Generator().manual_seed(0)
+
+    def first_words(**kw):
+        out = sample_search(step, state, n, START, END, max_length=1, generator=gen, **kw)
+        words = torch.tensor([h[0].tokens[0] if h[0].tokens else END for h in out])
+        return torch.bincount(words, minlength=6).double() / n
+
+    assert torch.allclose(first_words(), p.double(), atol=0.015)
+    tempered = p.double() ** 0.5
+    assert torch.allclose(first_words(temperature=2.0), tempered / tempered.sum(), atol=0.015)
+    freq = first_words(top_k=2)
+    assert freq[:4].sum() == 0 and freq[4] == pytest.approx(3 / 7, abs=0.015)
+
+
+def test_bad_arguments_raise():
+    m = RandomStep()
+    with pytest.raises(ValueError, match="batch_size"):
+        beam_search(m, m.init_state(3), 4, START, END)
+    with pytest.raises(ValueError, match="min_length"):
+        greedy_search(m, m.init_state(2), 2, START, END, max_length=3, min_length=4)
+    with pytest.raises(ValueError, match="temperature"):
+        sample_search(m, m.init_state(2), 2, START, END, temperature=0.0)
+
+
+def reference_beam(m, image, K, max_length, lp, n_best):
+    """Plain-Python beam search with the documented semantics and no early stop, one image."""
+    beams = [(0.0, [], False, map_state(m.init_state(64), lambda x: x[image : image + 1]))]
+    pool = []
+    for t in range(max_length):
+        cands = []
+        for score, toks, fin, st in beams:
+            if fin:  # a finished beam is frozen: its only continuation is itself
+                cands.append((score, toks, True, st, False))
+                continue
+            lp_t, _, st2 = m(torch.tensor([toks[-1] if toks else START]), st)
+            for w in range(m.V):
+                cands.append((score + float(lp_t[0, w]), toks + [w], False, st2, w == END))
+        cands.sort(key=lambda c: -c[0])
+        beams = []
+        for score, toks, fin, st, ends in cands[:K]:
+            if ends:
+                pool.append((score / (len(toks)) ** lp, score, toks[:-1], True))
+            beams.append((score, toks[:-1] if ends else toks, fin or ends, st))
+    everything = pool + [(s / len(toks) ** lp, s, toks, False) for s, toks, fin, _ in beams if not fin]
+    everything.sort(key=lambda h: -h[0])
+    return everything[:n_best]
+
+
+@pytest.mark.parametrize("seed,K,lp,n_best", [(0, 3, 1.0, 2), (1, 2, 0.0, 1), (2, 4, 1.0, 4), (3, 3, 2.0, 3)])
+def test_batched_early_stopping_beam_matches_plain_reference(seed, K, lp, n_best):
+    m = RandomStep(seed=seed, end_bias=1.0)
+    B, max_length = 4, 7
+    out = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=max_length, length_penalty=lp, n_best=n_best)
+    for b in range(B):
+        ref = reference_beam(m, b, K, max_length, lp, n_best)
+        assert [h.tokens for h in out[b]] == [r[2] for r in ref]
+        assert [h.finished for h in out[b]] == [r[3] for r in ref]
+        assert [h.score for h in out[b]] == pytest.approx([r[1] for r in ref], abs=1e-4)
+
+
+def chain_step(tokens, state):
+    """<start> -> A 0.6 | B 0.4; A -> <end> 0.9 | C 0.1; B -> C -> D -> E -> <end>, each ~1."""
+    A, B, C, D, E = 3, 4, 5, 6, 7
+    nxt = {START: {A: 0.6, B: 0.4}, A: {END: 0.9, C: 0.1}, B: {C: 1.0}, C: {D: 1.0}, D: {E: 1.0}, E: {END: 1.0}}
+    probs = torch.full((tokens.size(0), 9), 1e-9)
+    for i, tok in enumerate(tokens.tolist()):
+        for w, p in nxt.get(tok, {END: 1.0}).items():
+            probs[i, w] = p
+    return (probs / probs.sum(1, keepdim=True)).log(), None, state
+
+
+def test_early_stop_waits_for_a_longer_caption_that_wins_after_normalisation():
+    state = (torch.zeros(1, 1),)
+    # raw log-prob prefers the early [A]; per-token (length_penalty=1) prefers [B, C, D, E]
+    raw = beam_search(chain_step, state, 1, START, END, beam_size=2, max_length=7, length_penalty=0.0)[0][0]
+    per_token = beam_search(chain_step, state, 1, START, END, beam_size=2, max_length=7, length_penalty=1.0)[0][0]
+    assert raw.tokens == [3] and raw.finished
+    assert per_token.tokens == [4, 5, 6, 7] and per_token.finished
+    assert per_token.norm_score == pytest.approx(math.log(0.4) / 5, abs=1e-4)
+
+
+def test_forbidden_ids_are_never_chosen():
+    m = RandomStep(seed=8, end_bias=0.5)
+    banned = (PAD, START, 3, 4)
+    g = greedy_search(m, m.init_state(6), 6, START, END, max_length=8, forbid_ids=banned)
+    b = beam_search(m, m.init_state(6), 6, START, END, beam_size=1, max_length=8, forbid_ids=banned)
+    k = beam_search(m, m.init_state(6), 6, START, END, beam_size=4, max_length=8, n_best=4, forbid_ids=banned)
+    s = sample_search(m, m.init_state(6), 6, START, END, max_length=8, forbid_ids=banned, temperature=3.0,
+                      generator=torch.Generator().manual_seed(0))
+    for out in (g, b, k, s):
+        assert not any(set(h.tokens) & set(banned) for hyps in out for h in hyps)
+    for hg, hb in zip(g, b):
+        same(hg[0], hb[0])
