@@ -198,6 +198,11 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif typ is str:
         if isinstance(value, str):
             return value
@@ -272,8 +277,8 @@ def validate(cfg: Config) -> None:
         )
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split ``a.b.c=value`` into its key path and a YAML-parsed value."""
+def split_override(text: str) -> tuple[list[str], str]:
+    """Split ``a.b.c=value`` into its key path and the raw value text."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like key.path=value")
     key, raw = text.split("=", 1)
@@ -281,36 +286,74 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.split(".")
     if not key or any(not p for p in parts):
         raise ConfigError(f"override {text!r}: empty key path")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r} ({err})") from None
-    return parts, value
+    return parts, raw
+
+
+def _parse_value(raw: str, typ: Any, path: str) -> Any:
+    """Read an override's text as the field's type: text stays text, numbers are numbers."""
+    if typ is str:
+        return raw
+    if dataclasses.is_dataclass(typ):
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: cannot parse {raw!r} ({err})") from None
+    text = raw.strip()
+    if typ is bool:
+        lowered = text.lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+        raise ConfigError(f"{path}: expected bool (true/false), got {raw!r}")
+    if typ is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{path}: expected int, got {raw!r}") from None
+    if typ is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{path}: expected float, got {raw!r}") from None
+    raise ConfigError(f"{path}: unsupported field type {typ}")  # pragma: no cover
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and the value read as that field's type."""
+    parts, raw = split_override(text)
+    return parts, _parse_value(raw, _field_type_at(parts), ".".join(parts))
+
+
+def _field_type_at(parts: list[str]) -> Any:
+    """The annotated type at a key path; unknown keys name the valid ones."""
+    cls: Any = Config
+    typ: Any = Config
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"{'.'.join(parts[:i])} is a value, not a section")
+        types_ = _field_types(cls)
+        if part not in types_:
+            where = ".".join(parts[:i]) or "top level"
+            raise ConfigError(
+                f"unknown config key {'.'.join(parts[: i + 1])!r} (valid keys at {where}: {', '.join(types_)})")
+        typ = cls = types_[part]
+    return typ
 
 
 def apply_override(data: dict, text: str) -> None:
     """Set one ``key.path=value`` override into a nested dict, checking the path exists."""
     parts, value = parse_override(text)
-    cls: Any = Config
+    path = ".".join(parts)
+    if dataclasses.is_dataclass(_field_type_at(parts)) and not isinstance(value, dict):
+        raise ConfigError(f"{path} is a section; set one of its keys: "
+                          f"{', '.join(_field_types(_field_type_at(parts)))}")
     node = data
-    for i, part in enumerate(parts):
-        types_ = _field_types(cls)
-        path = ".".join(parts[: i + 1])
-        if part not in types_:
-            where = ".".join(parts[:i]) or "top level"
-            raise ConfigError(f"unknown config key {path!r} (valid keys at {where}: {', '.join(types_)})")
-        typ = types_[part]
-        if i == len(parts) - 1:
-            if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
-                raise ConfigError(f"{path} is a section; set one of its keys: {', '.join(_field_types(typ))}")
-            node[part] = value
-        else:
-            if not dataclasses.is_dataclass(typ):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{path}: expected a mapping in the config file")
-            cls = typ
+    for i, part in enumerate(parts[:-1]):
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: expected a mapping in the config file")
+    node[parts[-1]] = value
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

@@ -1,0 +1,346 @@
+"""Checkpoint files: atomic save, safe load, version and compatibility checks.
+
+Owns the on-disk format of everything `train.py` writes and `load_captioner` reads.
+A checkpoint is one `torch.save` file holding a plain dict:
+
+    {"format_version": 1, "model": state_dict, "optimizer": ..., "scheduler": ...,
+     "rng": ..., "epoch": int, "step": int, "baseline": ..., "config": plain dict,
+     "vocab": Vocab.to_dict(), "metrics": dict}
+
+Three guarantees, each tested in tests/test_checkpoint.py:
+
+- Saving is atomic. The bytes go to a hidden temp file in the target's directory
+  (`.NAME.tmp-PID-RANDOM`), are fsync'ed, and `os.replace` swaps it onto the target, so
+  a crash, SIGKILL or full disk mid-save leaves the previous checkpoint intact. A killed
+  save can leave its temp file behind; the name starts with a dot and does not end in
+  `.pt`, so nothing here mistakes it for a checkpoint, and it is safe to delete.
+- Nothing unloadable is ever written: the payload may only hold what
+  `torch.load(weights_only=True)` reads back (tensors, dicts, lists, tuples, str, int,
+  float, bool, None, ...); anything else (a numpy array, a custom object) is refused
+  with the key path that holds it.
+- Loading never runs code from the file (`weights_only=True`): a file whose unpickling
+  would import a callable is refused, as are truncated, corrupted, foreign and
+  newer-format files, each with an error naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+FORMAT_VERSION = 1
+
+# What `load_checkpoint` tries, in order, when given a run directory: the best
+# model is what inference wants; a run stopped before its first validation only has last.pt.
+RUN_DIR_CANDIDATES = ("best.pt", "last.pt")
+
+# Leaf types torch.load(weights_only=True) reads back (checked by exact type: a
+# subclass such as numpy.float64 or an IntEnum is pickled by reference and refused on load).
+# Not bytes: protocol 2 pickles b"" as a call to builtins.bytes, which the loader refuses.
+_SAFE_LEAVES = (str, int, float, bool, type(None), torch.dtype, torch.device)
+_SAFE_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_SAFE_MAPPINGS = (dict, collections.OrderedDict)
+_SAFE_SEQUENCES = (list, tuple, torch.Size)
+# At most this many offending values are listed in one error message.
+_MAX_REPORTED = 5
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written, read or used; the message names the file or key."""
+
+
+# ---------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(path: str | Path, payload: dict) -> None:
+    """Write `payload` to `path` atomically; add "format_version" if it is absent.
+
+    The previous file at `path`, if any, stays intact until the new one is completely
+    on disk (temp file in the same directory, fsync, os.replace, fsync of the directory).
+    The caller's dict is not modified. Missing parent directories are created.
+
+    Raises:
+        CheckpointError: the payload holds something `load_checkpoint` could not read
+            back (message names the key path), or the file cannot be written.
+    """
+    path = Path(path)
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"cannot save checkpoint {path}: payload must be a dict, got {type(payload).__name__}")
+    payload = dict(payload)
+    payload.setdefault("format_version", FORMAT_VERSION)
+    problems = find_unsafe_values(payload)
+    if problems:
+        listed = "; ".join(problems)
+        raise CheckpointError(
+            f"cannot save checkpoint {path}: {listed}. A checkpoint may only hold tensors, dicts, lists, "
+            "tuples, str, int, float, bool and None, so that torch.load(weights_only=True) "
+            "reads it back; convert these values (e.g. numpy -> torch.from_numpy or .tolist())"
+        )
+
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"cannot save checkpoint {path}: cannot create directory {directory} ({err})") from err
+    # Same directory as the target so os.replace is a rename within one file system;
+    # O_EXCL so two writers never share a temp file; mode 0o666 so the umask applies
+    # as it would for an ordinary file (tempfile would force 0o600).
+    tmp = directory / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as err:
+        raise CheckpointError(f"cannot save checkpoint {path}: cannot create temp file {tmp} ({err})") from err
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:  # also KeyboardInterrupt: never leave a half-written temp file on purpose
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        if isinstance(err, (OSError, RuntimeError)):  # ENOSPC, EIO, torch's stream writer failures
+            raise CheckpointError(f"cannot save checkpoint {path}: {err}") from err
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable; without it a power cut can lose the new directory entry.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open directories; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def find_unsafe_values(payload: Any, limit: int = _MAX_REPORTED) -> list[str]:
+    """Return up to `limit` descriptions like 'payload["rng"]["numpy"][1] is a numpy.ndarray'.
+
+    An empty list means `torch.load(weights_only=True)` can read the payload back.
+    """
+    problems: list[str] = []
+    _walk(payload, "payload", problems, limit)
+    return problems
+
+
+def _walk(value: Any, where: str, problems: list[str], limit: int) -> None:
+    if len(problems) >= limit:
+        return
+    kind = type(value)
+    if kind in _SAFE_TENSORS or kind in _SAFE_LEAVES:
+        return
+    if kind in _SAFE_MAPPINGS:
+        for key, item in value.items():
+            if not _is_safe_key(key):
+                problems.append(f"{where} has a key {key!r} of type {_type_name(key)}")
+                if len(problems) >= limit:
+                    return
+                continue
+            _walk(item, f"{where}[{key!r}]", problems, limit)
+        return
+    if kind in _SAFE_SEQUENCES:
+        for i, item in enumerate(value):
+            _walk(item, f"{where}[{i}]", problems, limit)
+        return
+    problems.append(f"{where} is a {_type_name(value)}")
+
+
+def _is_safe_key(key: Any) -> bool:
+    if type(key) is tuple:
+        return all(_is_safe_key(k) for k in key)
+    return type(key) in _SAFE_LEAVES
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def resolve_checkpoint_path(path: str | Path) -> Path:
+    """Return the checkpoint file for `path`: the file itself, or for a run directory
+    its best.pt, else its last.pt.
+
+    Raises:
+        CheckpointError: "checkpoint not found: PATH", or a directory holding neither file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in RUN_DIR_CANDIDATES:
+            candidate = path / name
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(
+            f"checkpoint not found: {path} is a directory without {' or '.join(RUN_DIR_CANDIDATES)}"
+        )
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by `save_checkpoint`, without running code from the file.
+
+    Args:
+        path: a checkpoint file, or a run directory (`train` writes RUN_DIR/best.pt and
+            RUN_DIR/last.pt): then best.pt is loaded, or last.pt if there is no best.pt.
+            To resume training, pass RUN_DIR/last.pt explicitly.
+        map_location: passed to torch.load; the default puts every tensor on the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, truncated or corrupted; holds
+            objects other than plain weights and data (refused, never executed); is not a
+            captioner checkpoint; or was written by a newer format version.
+    """
+    path = resolve_checkpoint_path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}") from err
+    with f:
+        try:
+            payload = torch.load(f, map_location=map_location, weights_only=True)
+        except MemoryError:
+            raise
+        except Exception as err:
+            forbidden = _forbidden_global(err)
+            if forbidden is not None:
+                raise CheckpointError(
+                    f"{path} contains objects that are not plain weights/data; refusing to load "
+                    f"(it asks to import {forbidden}; only load it with weights_only=False if you "
+                    "fully trust where it came from)"
+                ) from err
+            raise CheckpointError(f"{path} is truncated or corrupted ({_first_line(err)})") from err
+    return _check_payload(payload, path)
+
+
+def _forbidden_global(err: Exception) -> str | None:
+    # torch's weights-only unpickler reports a blocked import as "unsupported GLOBAL x.y"
+    # (blocked module) or "Unsupported global: GLOBAL x.y" (not allow-listed); any other
+    # unpickling failure ("Unsupported operand 7", EOF, bad zip) means damaged bytes.
+    match = re.search(r"unsupported (?:global: )?global ([\w.]+)", str(err), flags=re.IGNORECASE)
+    return match.group(1) if match else None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    detail = text[0] if text else ""
+    detail = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+    return detail if len(detail) <= 200 else detail[:197] + "..."
+
+
+def _check_payload(payload: Any, path: Path) -> dict:
+    if not isinstance(payload, dict):
+        raise CheckpointError(
+            f"{path} is not a captioner checkpoint: it holds a {_type_name(payload)}, not a dict "
+            "with a 'format_version' key"
+        )
+    if "format_version" not in payload:
+        keys = ", ".join(sorted(map(str, payload))[:10])
+        raise CheckpointError(
+            f"{path} is not a captioner checkpoint: no 'format_version' key (keys: {keys or 'none'})"
+        )
+    version = payload["format_version"]
+    if type(version) is not int or version < 1:
+        raise CheckpointError(f"{path} has an invalid format_version {version!r} (expected an int >= 1)")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} was written with checkpoint format {version}, newer than this captioner "
+            f"supports ({FORMAT_VERSION}); upgrade captioner to load it"
+        )
+    return payload
+
+
+# ------------------------------------------------------------------- compatibility
+
+
+def check_state_dict(checkpoint_state: Mapping[str, Any], model_state: Mapping[str, Any]) -> None:
+    """Raise CheckpointError naming every key that keeps `checkpoint_state` from loading
+    into a model whose state_dict is `model_state`: missing keys, unexpected keys and
+    shape mismatches such as
+    "decoder.embedding.weight: checkpoint (10000, 512) vs model (9000, 512)".
+    """
+    missing = [k for k in model_state if k not in checkpoint_state]
+    unexpected = [k for k in checkpoint_state if k not in model_state]
+    mismatched = []
+    for key, model_value in model_state.items():
+        if key not in checkpoint_state:
+            continue
+        ckpt_shape, model_shape = _shape(checkpoint_state[key]), _shape(model_value)
+        if ckpt_shape != model_shape:
+            mismatched.append(f"{key}: checkpoint {_fmt_shape(ckpt_shape)} vs model {_fmt_shape(model_shape)}")
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    if mismatched:
+        parts.append(f"shape mismatch: {_listing(mismatched)}")
+    if missing:
+        parts.append(f"missing from checkpoint: {_listing(missing)}")
+    if unexpected:
+        parts.append(f"not in model: {_listing(unexpected)}")
+    raise CheckpointError(
+        "checkpoint weights do not fit this model (was it built with a different config or "
+        "vocabulary?); " + "; ".join(parts)
+    )
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _fmt_shape(shape: tuple[int, ...] | None) -> str:
+    if shape is None:
+        return "(not a tensor)"
+    return "(" + ", ".join(map(str, shape)) + ")" if len(shape) != 1 else f"({shape[0]},)"
+
+
+def _listing(items: list[str], limit: int = 10) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+def check_vocab(checkpoint_vocab: Any, vocab: Any) -> None:
+    """Raise CheckpointError unless both vocabularies hold the same words in the same order.
+
+    Each argument may be a Vocab (anything with a `words` list), its `to_dict()` (a dict
+    with a "words" list) or a list of words. The message gives both sizes and the first
+    id whose word differs, since a shifted id silently scrambles every caption.
+    """
+    ckpt_words, words = _words_of(checkpoint_vocab, "checkpoint"), _words_of(vocab, "given")
+    if ckpt_words == words:
+        return
+    size = f"checkpoint has {len(ckpt_words)} words, the given vocabulary {len(words)}"
+    for i, (a, b) in enumerate(zip(ckpt_words, words)):
+        if a != b:
+            raise CheckpointError(f"vocabulary mismatch: {size}; first difference at id {i}: checkpoint {a!r} vs given {b!r}")
+    raise CheckpointError(f"vocabulary mismatch: {size}; the shorter one is a prefix of the longer")
+
+
+def _words_of(vocab: Any, which: str) -> list[str]:
+    if isinstance(vocab, Mapping):
+        if "words" not in vocab:
+            raise CheckpointError(f"{which} vocabulary dict has no 'words' key (keys: {', '.join(map(str, vocab))})")
+        words = vocab["words"]
+    elif hasattr(vocab, "words"):
+        words = vocab.words
+    else:
+        words = vocab
+    if isinstance(words, (str, bytes)) or not isinstance(words, Iterable):
+        raise CheckpointError(f"{which} vocabulary is a {_type_name(vocab)}, not a Vocab, its dict or a word list")
+    return list(words)
