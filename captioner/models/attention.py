@@ -1,0 +1,302 @@
+"""Attention over the annotation grid: Xu et al. 2015, §4.1 (hard) and §4.2 (soft), Eq. (4)-(6).
+
+    e_t,i = f_att(a_i, h_{t-1})          scores   (a scorer from scorers.py)
+    alpha_t = softmax(e_t)                Eq. (5)
+    soft (§4.2):  z_t = sum_i alpha_t,i a_i                              (the expectation)
+    hard (§4.1):  s_t ~ Multinoulli_L(alpha_t),  z_t = a_{s_t}           Eq. (8)-(9),
+                  trained with REINFORCE through log p(s_t) = log alpha_t,s_t  Eq. (12)
+
+Every module reads its context in one of four explicit modes:
+    "soft" / "expectation"  the expectation sum_i alpha_i v_i (identical computations)
+    "sample"                one location drawn from alpha; log_prob = log alpha_s carries the
+                            gradient to the scorer (the context itself does not)
+    "argmax"                the most probable location (deterministic hard decoding)
+Modules: SoftAttention and HardAttention read the raw grid (they compute the same thing; the
+decoder honours the mode only for "hard"), KeyValueAttention (separate key and value projections),
+MultiHeadAttention (M heads over subspaces, concatenated and projected), and SelfAttentionEncoder
+(optional transformer-style refinement of the grid before decoding).
+
+prepare(grid) runs once per image and returns `memory`, a tuple of tensors whose dim 0 is B, so
+search can reorder it with index_select; forward(query, memory, mode) runs once per word.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from captioner.models.scorers import build_scorer
+
+MODES = ("soft", "expectation", "sample", "argmax")
+
+
+@dataclass
+class AttentionOutput:
+    """One attention read.
+
+    context: (B, out_dim). alpha: (B, L), sums to one (multi-head: mean over heads).
+    log_prob: (B,) log p(s) of the chosen location(s) in "sample"/"argmax" modes (summed over
+        heads), 0 for rows under expectation_mask; None in "soft"/"expectation" modes.
+    entropy: (B,) entropy of alpha (summed over heads); None when called with entropy=False.
+    index: (B,) chosen location in "sample"/"argmax" modes ((B, M) for multi-head; -1 for rows
+        under expectation_mask); None otherwise.
+    head_alpha: (B, M, L) per-head distributions (multi-head only).
+    """
+
+    context: Tensor
+    alpha: Tensor
+    log_prob: Tensor | None
+    entropy: Tensor | None
+    index: Tensor | None
+    head_alpha: Tensor | None = None
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown attention mode {mode!r}; valid modes: {', '.join(MODES)}")
+
+
+def read_context(scores: Tensor, values: Tensor, mode: str,
+                 expectation_mask: Tensor | None = None,
+                 generator: torch.Generator | None = None,
+                 entropy: bool = True) -> AttentionOutput:
+    """Read a context from `values` (N, L, Dv) under alpha = softmax(scores (N, L)) in `mode`.
+
+    expectation_mask (N,) bool, only used by "sample"/"argmax": rows where True read the
+    expectation instead and get log_prob 0 (the variance-reduction trick of §4.1, where with
+    probability 0.5 the expected context replaces the sampled one).
+    entropy=False skips the entropy (the soft decoder's hot loop does not need it).
+    """
+    check_mode(mode)
+    hard = mode in ("sample", "argmax")
+    if hard or entropy:
+        log_alpha = F.log_softmax(scores, dim=-1)  # (N, L)
+        alpha = log_alpha.exp()
+    else:
+        log_alpha, alpha = None, F.softmax(scores, dim=-1)  # one kernel in the soft hot loop
+    ent = None
+    if entropy:
+        # Clamp keeps 0 * log 0 at 0 should a score be -inf.
+        ent = -(alpha * log_alpha.clamp(min=torch.finfo(log_alpha.dtype).min)).sum(-1)  # (N,)
+    if not hard:
+        context = torch.bmm(alpha.unsqueeze(1), values).squeeze(1)  # (N, 1, L) @ (N, L, Dv) -> (N, Dv)
+        return AttentionOutput(context, alpha, None, ent, None)
+    if mode == "sample":
+        index = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (N,)
+    else:
+        index = log_alpha.argmax(dim=-1)  # (N,)
+    rows = torch.arange(values.shape[0], device=values.device)
+    context = values[rows, index]  # (N, Dv)
+    log_prob = log_alpha.gather(1, index.unsqueeze(1)).squeeze(1)  # (N,)
+    if expectation_mask is not None:
+        soft = torch.bmm(alpha.unsqueeze(1), values).squeeze(1)  # (N, Dv)
+        context = torch.where(expectation_mask.unsqueeze(1), soft, context)
+        log_prob = log_prob.masked_fill(expectation_mask, 0.0)
+        index = index.masked_fill(expectation_mask, -1)
+    return AttentionOutput(context, alpha, log_prob, ent, index)
+
+
+class SoftAttention(nn.Module):
+    """Deterministic soft attention over the raw grid, §4.2: z = sum_i alpha_i a_i.
+
+    Args:
+        scorer: name of the scoring function (a key of scorers.SCORERS).
+        key_dim: size D of an annotation vector (also the context size).
+        query_dim: size Q of the query h_{t-1}.
+        attention_dim: hidden size A of the scorer.
+    """
+
+    # Whether the decoder should honour stochastic modes (only "hard" is trained that way).
+    stochastic = False
+
+    def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
+        super().__init__()
+        self.scorer = build_scorer(scorer, key_dim, query_dim, attention_dim)
+        self.out_dim = key_dim
+
+    def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
+        return (grid, self.scorer.prepare(grid))  # values (B, L, D), prepared keys (B, L, *)
+
+    def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
+                expectation_mask: Tensor | None = None,
+                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
+        values, prepared = memory
+        scores = self.scorer(query, prepared)  # (B, L)
+        return read_context(scores, values, mode, expectation_mask, generator, entropy)
+
+
+class HardAttention(SoftAttention):
+    """Stochastic hard attention over the raw grid, §4.1: z = a_s, s ~ Multinoulli(alpha).
+
+    Same computation as SoftAttention; the decoder honours its mode ("sample" for REINFORCE
+    training, "argmax" or "expectation" for decoding). Args as SoftAttention.
+    """
+
+    stochastic = True
+
+
+class KeyValueAttention(nn.Module):
+    """Keys score, values are averaged: separate linear projections of the grid.
+
+    alpha = softmax(f_att(W_k a_i, h)), z = sum_i alpha_i W_v a_i. With identity projections it
+    is SoftAttention.
+
+    Args:
+        scorer: name of the scoring function.
+        key_dim: size D of an annotation vector.
+        query_dim: size Q of the query.
+        attention_dim: size of the projected keys (and hidden size of the scorer).
+        value_dim: size of the projected values = the context size (default D).
+    """
+
+    stochastic = False
+
+    def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
+                 value_dim: int | None = None) -> None:
+        super().__init__()
+        value_dim = value_dim or key_dim
+        self.key_proj = nn.Linear(key_dim, attention_dim)
+        self.value_proj = nn.Linear(key_dim, value_dim)
+        self.scorer = build_scorer(scorer, attention_dim, query_dim, attention_dim)
+        self.out_dim = value_dim
+
+    def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
+        keys = self.key_proj(grid)  # (B, L, A)
+        return (self.value_proj(grid), self.scorer.prepare(keys))  # (B, L, Dv), (B, L, *)
+
+    def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
+                expectation_mask: Tensor | None = None,
+                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
+        values, prepared = memory
+        scores = self.scorer(query, prepared)  # (B, L)
+        return read_context(scores, values, mode, expectation_mask, generator, entropy)
+
+
+class MultiHeadAttention(nn.Module):
+    """M heads attend in parallel to subspaces of projected keys/values; concat + output projection.
+
+    Head m scores its key subspace (size A/M) against its own projection of the query with a
+    scorer shared by all heads (folded into the batch, so all heads cost one scorer call), reads
+    its value subspace, and the M reads are concatenated and projected. In "sample"/"argmax" modes
+    every head picks its own location; log_prob and entropy are summed over heads.
+
+    Args:
+        scorer: name of the scoring function (applied per head, size A/M).
+        key_dim: size D of an annotation vector.
+        query_dim: size Q of the query.
+        attention_dim: total size A of keys, values and context (divisible by heads).
+        heads: number of heads M.
+    """
+
+    stochastic = False
+
+    def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
+                 heads: int = 8) -> None:
+        super().__init__()
+        if attention_dim % heads:
+            raise ValueError(f"attention_dim {attention_dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.head_dim = attention_dim // heads
+        self.key_proj = nn.Linear(key_dim, attention_dim)
+        self.value_proj = nn.Linear(key_dim, attention_dim)
+        self.query_proj = nn.Linear(query_dim, attention_dim)
+        self.scorer = build_scorer(scorer, self.head_dim, self.head_dim, self.head_dim)
+        self.out_proj = nn.Linear(attention_dim, attention_dim)
+        self.out_dim = attention_dim
+
+    def _split(self, x: Tensor) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, M, L, A/M)
+
+    def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
+        B, L, _ = grid.shape
+        keys = self._split(self.key_proj(grid)).reshape(B * self.heads, L, self.head_dim)  # (B*M, L, A/M)
+        prepared = self.scorer.prepare(keys)  # (B*M, L, X)
+        prepared = prepared.reshape(B, self.heads, L, -1)  # (B, M, L, X): dim 0 = B for search
+        values = self._split(self.value_proj(grid)).contiguous()  # (B, M, L, A/M)
+        return (values, prepared)
+
+    def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
+                expectation_mask: Tensor | None = None,
+                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
+        values, prepared = memory
+        B, M, L, _ = values.shape
+        q = self.query_proj(query).reshape(B * M, self.head_dim)  # (B*M, A/M)
+        scores = self.scorer(q, prepared.flatten(0, 1))  # (B*M, L)
+        if expectation_mask is not None:
+            expectation_mask = expectation_mask.repeat_interleave(M)  # (B*M,)
+        read = read_context(scores, values.flatten(0, 1), mode, expectation_mask, generator, entropy)
+        context = self.out_proj(read.context.reshape(B, M * self.head_dim))  # (B, A)
+        head_alpha = read.alpha.view(B, M, L)
+        return AttentionOutput(
+            context=context,
+            alpha=head_alpha.mean(1),  # (B, L): what a single map can show
+            log_prob=None if read.log_prob is None else read.log_prob.view(B, M).sum(1),
+            entropy=None if read.entropy is None else read.entropy.view(B, M).sum(1),
+            index=None if read.index is None else read.index.view(B, M),
+            head_alpha=head_alpha,
+        )
+
+
+ATTENTIONS: dict[str, type[nn.Module]] = {
+    "soft": SoftAttention,
+    "hard": HardAttention,
+    "key_value": KeyValueAttention,
+    "multi_head": MultiHeadAttention,
+}
+
+
+def build_attention(kind: str, scorer: str, key_dim: int, query_dim: int,
+                    attention_dim: int = 512, heads: int = 1) -> nn.Module:
+    """The attention module `kind` (a key of ATTENTIONS) with scoring function `scorer`.
+
+    `heads` is read by "multi_head" only (the config shares it with the grid's self-attention).
+    """
+    if kind not in ATTENTIONS:
+        raise ValueError(f"unknown attention {kind!r}; valid attentions: {', '.join(sorted(ATTENTIONS))}")
+    if kind == "multi_head":
+        return MultiHeadAttention(scorer, key_dim, query_dim, attention_dim, heads=heads)
+    return ATTENTIONS[kind](scorer, key_dim, query_dim, attention_dim)
+
+
+class SelfAttentionLayer(nn.Module):
+    """One post-norm self-attention layer: x <- LayerNorm(x + W_o Attn(W_q x, W_k x, W_v x))."""
+
+    def __init__(self, dim: int, heads: int = 1) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, M, L, D/M)
+        mixed = F.scaled_dot_product_attention(q, k, v)  # (B, M, L, D/M)
+        mixed = mixed.transpose(1, 2).reshape(B, L, D)  # (B, L, D)
+        return self.norm(x + self.out(mixed))
+
+
+class SelfAttentionEncoder(nn.Module):
+    """Optional refinement of the grid by N self-attention layers (0, the default, is the identity).
+
+    Lets every annotation vector see the whole image before the decoder attends to it.
+
+    Args:
+        dim: feature size D.
+        layers: number of layers N.
+        heads: heads per layer.
+    """
+
+    def __init__(self, dim: int, layers: int = 0, heads: int = 1) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(SelfAttentionLayer(dim, heads) for _ in range(layers))
+
+    def forward(self, grid: Tensor) -> Tensor:
+        for layer in self.layers:
+            grid = layer(grid)  # (B, L, D)
+        return grid

@@ -1,0 +1,112 @@
+"""Attention scoring functions s(a_i, h): the f_att of Xu et al. 2015, Eq. (4).
+
+Each scorer splits its work in two so the decoder projects the annotation grid once per
+image instead of once per word:
+    prepared = scorer.prepare(keys)        keys (B, L, D) -> tensor (B, L, *), run once
+    scores   = scorer(query, prepared)     query (B, Q)   -> scores (B, L), run every step
+`prepared` is always one tensor whose dim 0 is B, so beam search can reorder it.
+
+additive    v^T tanh(W a + U h)          (Bahdanau et al. 2015; the paper's f_att)
+dot         a^T P h                      (P = identity when D == Q, else a learned projection)
+scaled_dot  a^T P h / sqrt(D)            (Vaswani et al. 2017)
+bilinear    a^T W h                      (Luong et al. 2015; W^T a precomputed in prepare)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class AdditiveScorer(nn.Module):
+    """v^T tanh(W a_i + U h): the multilayer-perceptron f_att of Xu et al. 2015, Eq. (4).
+
+    Args:
+        key_dim: size D of an annotation vector a_i.
+        query_dim: size Q of the query (the decoder state h_{t-1}).
+        attention_dim: size A of the hidden layer of the scoring MLP.
+    """
+
+    def __init__(self, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
+        super().__init__()
+        self.key_proj = nn.Linear(key_dim, attention_dim)
+        # No bias on U or v: a bias there shifts every location equally and the softmax
+        # cancels it, so it could never learn.
+        self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
+        self.v = nn.Linear(attention_dim, 1, bias=False)
+
+    def prepare(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, L, A)
+
+    def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
+        hidden = torch.tanh(prepared + self.query_proj(query).unsqueeze(1))  # (B, L, A)
+        return self.v(hidden).squeeze(-1)  # (B, L)
+
+
+class DotScorer(nn.Module):
+    """a_i^T P h, with P a learned projection Q -> D only when the sizes differ.
+
+    Args:
+        key_dim: size D of a key.
+        query_dim: size Q of the query.
+        attention_dim: unused (kept so every scorer takes the same arguments).
+    """
+
+    scale_by_dim = False
+
+    def __init__(self, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
+        super().__init__()
+        self.query_proj = (nn.Identity() if key_dim == query_dim
+                           else nn.Linear(query_dim, key_dim, bias=False))
+        self.scale = 1.0 / math.sqrt(key_dim) if self.scale_by_dim else 1.0
+
+    def prepare(self, keys: Tensor) -> Tensor:
+        return keys  # (B, L, D): nothing to precompute
+
+    def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
+        q = self.query_proj(query) * self.scale  # (B, D)
+        return torch.bmm(prepared, q.unsqueeze(-1)).squeeze(-1)  # (B, L, D) @ (B, D, 1) -> (B, L)
+
+
+class ScaledDotScorer(DotScorer):
+    """a_i^T P h / sqrt(D): the dot product kept at unit variance for large D."""
+
+    scale_by_dim = True
+
+
+class BilinearScorer(nn.Module):
+    """a_i^T W h, with W^T a_i computed once per image in prepare.
+
+    Args:
+        key_dim: size D of a key.
+        query_dim: size Q of the query.
+        attention_dim: unused (kept so every scorer takes the same arguments).
+    """
+
+    def __init__(self, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(key_dim, query_dim))
+        # Unit-variance scores at initialisation for unit-variance keys and queries.
+        nn.init.normal_(self.weight, std=1.0 / math.sqrt(key_dim * query_dim))
+
+    def prepare(self, keys: Tensor) -> Tensor:
+        return keys @ self.weight  # (B, L, D) @ (D, Q) -> (B, L, Q)
+
+    def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
+        return torch.bmm(prepared, query.unsqueeze(-1)).squeeze(-1)  # (B, L, Q) @ (B, Q, 1) -> (B, L)
+
+
+SCORERS: dict[str, type[nn.Module]] = {
+    "additive": AdditiveScorer,
+    "dot": DotScorer,
+    "scaled_dot": ScaledDotScorer,
+    "bilinear": BilinearScorer,
+}
+
+
+def build_scorer(name: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> nn.Module:
+    """The scorer called `name` (a key of SCORERS)."""
+    if name not in SCORERS:
+        raise ValueError(f"unknown scorer {name!r}; valid scorers: {', '.join(sorted(SCORERS))}")
+    return SCORERS[name](key_dim=key_dim, query_dim=query_dim, attention_dim=attention_dim)
