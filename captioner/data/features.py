@@ -1,0 +1,363 @@
+"""The feature cache: precomputed backbone grids a = {a_1..a_L} (Xu et al. 2015, Sec. 3.1.1) on disk.
+
+A frozen encoder gives every image the same grid in every epoch, so it is computed once. One cache directory
+holds every split of a data set for one encoder fingerprint:
+- ``grids.f16``: a raw float16 memmap of shape (N, L, D), one row per image (backbone output: the trainable
+  projection is applied after the cache, so it never enters it);
+- ``index.json``: written once (rewritten only when new images are appended): format version, the encoder
+  fingerprint, grid_hw, dim and ``rows`` {image_id: row};
+- ``progress.json``: rewritten atomically (temp file + os.replace) after every batch: the ``done`` bitmap and
+  the images that failed to load with the reason.
+A row counts as done only after it has been written and the memmap flushed, so a killed extraction resumes
+where it stopped and never trusts a half-written row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+log = logging.getLogger(__name__)
+
+GRIDS_FILE = "grids.f16"
+INDEX_FILE = "index.json"
+PROGRESS_FILE = "progress.json"
+FORMAT_VERSION = 1
+_FIX = "re-run `captioner extract --config <your config>` (it writes a cache per encoder fingerprint)"
+
+
+class FeatureCacheError(RuntimeError):
+    """A feature cache is missing, damaged, made by another encoder, or extraction failed too often."""
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # readers see the old file or the new one, never a mix
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise FeatureCacheError(f"{path}: unreadable ({err}); delete the cache directory and {_FIX}") from err
+
+
+def fingerprint_differences(cached: dict, expected: dict) -> list[str]:
+    """Human-readable 'field: cache X, expected Y' lines for every differing fingerprint field."""
+    return [f"{k}: cache {cached.get(k)!r}, expected {expected.get(k)!r}"
+            for k in sorted(set(cached) | set(expected)) if cached.get(k) != expected.get(k)]
+
+
+def cache_dir_for(data: Any, encoder_fingerprint: dict) -> Path:
+    """``data.features_dir`` when set, else ``<data.root>/features/<encoder name>-<short fingerprint hash>``."""
+    if data.features_dir:
+        return Path(data.features_dir)
+    digest = hashlib.sha256(json.dumps(encoder_fingerprint, sort_keys=True).encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(encoder_fingerprint.get("name", "encoder")))
+    return Path(data.root) / "features" / f"{name}-{digest}"
+
+
+class FeatureCache:
+    """Read access to a cache directory: ``get(image_id)`` -> (L, D) float16 grid.
+
+    Only completed rows are visible: ``image_id in cache`` is False for images not yet extracted or unreadable
+    (``failures`` says why). The memmap opens lazily, so a cache pickles cheaply into DataLoader workers.
+    """
+
+    def __init__(self, directory: Path, index: dict, done: np.ndarray, failures: dict[str, str]):
+        self.directory = Path(directory)
+        self.fingerprint: dict = index["fingerprint"]
+        self.grid_hw: tuple[int, int] = tuple(index["grid_hw"])
+        self.dim: int = int(index["dim"])
+        self.rows: dict[str, int] = index["rows"]
+        self.done = done  # (N,) bool
+        self.failures = failures  # image_id -> reason
+        self.stats: dict[str, float] = {}  # filled by extract_features: processed, failed, seconds, images_per_s
+        self._grids: np.memmap | None = None
+
+    @classmethod
+    def open(cls, directory: str | Path, expected_fingerprint: dict | None = None) -> "FeatureCache":
+        """Open ``directory``; with ``expected_fingerprint``, refuse a cache made by a different encoder."""
+        directory = Path(directory)
+        index_path = directory / INDEX_FILE
+        if not index_path.is_file():
+            raise FeatureCacheError(f"no feature cache in {directory} ({INDEX_FILE} missing); {_FIX}")
+        index = _read_json(index_path)
+        if index.get("format_version") != FORMAT_VERSION:
+            raise FeatureCacheError(f"{directory}: cache format {index.get('format_version')!r}, this code reads "
+                                    f"{FORMAT_VERSION}; delete the directory and {_FIX}")
+        if expected_fingerprint is not None and index["fingerprint"] != expected_fingerprint:
+            diff = "; ".join(fingerprint_differences(index["fingerprint"], expected_fingerprint))
+            raise FeatureCacheError(f"feature cache {directory} was made by a different encoder ({diff}). "
+                                    f"Fix: {_FIX}, or point data.features_dir at an empty directory.")
+        n = len(index["rows"])
+        H, W = index["grid_hw"]
+        expected_bytes = n * H * W * int(index["dim"]) * 2
+        grids = directory / GRIDS_FILE
+        if not grids.is_file() or grids.stat().st_size < expected_bytes:
+            raise FeatureCacheError(f"{grids}: missing or shorter than {expected_bytes} bytes; "
+                                    f"delete the directory and {_FIX}")
+        done, failures = np.zeros(n, dtype=bool), {}
+        progress_path = directory / PROGRESS_FILE
+        if progress_path.is_file():
+            progress = _read_json(progress_path)
+            bits = np.unpackbits(np.frombuffer(bytes.fromhex(progress["done"]), dtype=np.uint8))
+            done[: min(n, bits.size)] = bits[:n].astype(bool)
+            failures = dict(progress["failed"])
+        return cls(directory, index, done, failures)
+
+    # -- reading -------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (len(self.rows), self.grid_hw[0] * self.grid_hw[1], self.dim)  # (N, L, D)
+
+    @property
+    def grids(self) -> np.memmap:
+        if self._grids is None:
+            self._grids = np.memmap(self.directory / GRIDS_FILE, dtype=np.float16, mode="r", shape=self.shape)
+        return self._grids
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_grids"] = None  # reopened in the worker instead of copying the array
+        return state
+
+    def __len__(self) -> int:
+        return int(self.done.sum())
+
+    def __contains__(self, image_id: object) -> bool:
+        row = self.rows.get(image_id)  # type: ignore[arg-type]
+        return row is not None and bool(self.done[row])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.done.all())
+
+    def _row(self, image_id: str) -> int:
+        if image_id not in self:
+            why = self.failures.get(image_id, "not extracted yet" if image_id in self.rows else "unknown image id")
+            raise KeyError(f"{image_id!r} has no grid in {self.directory}: {why}")
+        return self.rows[image_id]
+
+    def get(self, image_id: str) -> np.ndarray:
+        """The grid of one image, (L, D) float16 (a copy, detached from the file)."""
+        return np.array(self.grids[self._row(image_id)])
+
+    def get_batch(self, image_ids: Sequence[str]) -> np.ndarray:
+        """Grids of several images, (B, L, D) float16."""
+        rows = np.array([self._row(i) for i in image_ids], dtype=np.int64)
+        return self.grids[rows] if rows.size else np.zeros((0,) + self.shape[1:], dtype=np.float16)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Extraction
+
+
+class _ImageFiles(Dataset):
+    """(row, transformed image, error) per image; decoding runs in DataLoader workers."""
+
+    def __init__(self, rows: Sequence[int], paths: Sequence[str], transform: Callable, size: int):
+        self.rows, self.paths, self.transform, self.size = list(rows), list(paths), transform, size
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, str]:
+        from captioner.data.images import ImageLoadError, load_image  # lazy: owned by data-foundation
+
+        try:
+            return self.rows[i], self.transform(load_image(self.paths[i])), ""
+        except ImageLoadError as err:
+            # a placeholder keeps the batch shape; the empty-vs-filled error string says which rows to drop
+            return self.rows[i], torch.zeros(3, self.size, self.size), str(err) or "unreadable"
+
+
+def _prepare_cache(directory: Path, ids: list[str], fingerprint: dict, grid_hw: tuple[int, int], dim: int) -> dict:
+    """Create the cache, or reopen it (same fingerprint) and append rows for ids it has not seen."""
+    directory.mkdir(parents=True, exist_ok=True)
+    index_path, grids = directory / INDEX_FILE, directory / GRIDS_FILE
+    L = grid_hw[0] * grid_hw[1]
+    if index_path.is_file():
+        index = FeatureCache.open(directory, expected_fingerprint=fingerprint)  # validates
+        rows = dict(index.rows)
+    else:
+        rows = {}
+    new = [i for i in ids if i not in rows]
+    if new or not index_path.is_file():
+        for image_id in new:
+            rows[image_id] = len(rows)
+        # grow the (sparse) file before the index names the new rows: a crash in between leaves spare bytes
+        with open(grids, "ab") as f:
+            f.truncate(max(os.fstat(f.fileno()).st_size, len(rows) * L * dim * 2))
+        _write_json_atomic(index_path, {"format_version": FORMAT_VERSION, "fingerprint": fingerprint,
+                                        "grid_hw": list(grid_hw), "dim": dim, "dtype": "float16", "rows": rows})
+    return rows
+
+
+def _save_progress(directory: Path, done: np.ndarray, failures: dict[str, str]) -> None:
+    _write_json_atomic(directory / PROGRESS_FILE, {"done": np.packbits(done).tobytes().hex(),
+                                                   "n_done": int(done.sum()), "failed": failures})
+
+
+def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, batch_size: int = 32,
+                     num_workers: int = 2, max_failure_share: float = 0.05, progress: bool = True,
+                     device: str | torch.device | None = None, amp: bool = False,
+                     on_batch: Callable[[int, int], None] | None = None) -> FeatureCache:
+    """Fill ``out_dir`` with the backbone grids of ``records`` (objects with ``image_id`` and ``path``).
+
+    Resumable: rows already done are skipped. Unreadable images are recorded (``cache.failures``) and skipped;
+    once they exceed ``max_failure_share`` of the records, extraction stops with FeatureCacheError.
+
+    Args:
+        encoder: a frozen captioner.models.encoder.Encoder (moved to ``device``, channels_last, eval mode).
+        records: ImageRecord-like objects; a repeated image_id must name the same path.
+        out_dir: the cache directory (see ``cache_dir_for``).
+        batch_size: images per forward pass.
+        num_workers: DataLoader processes that decode and transform images (0: in this process).
+        max_failure_share: largest tolerated share of unreadable images.
+        progress: show a tqdm bar.
+        device: where the encoder runs (default: its current device).
+        amp: run the backbone under autocast: float16 on CUDA, bfloat16 on CPU (fast only where the CPU has
+            bf16 units, e.g. AMX; grids then differ from float32 by about 1e-2 relative).
+        on_batch: called as on_batch(batch_index, rows_done_so_far) after each batch is committed to disk.
+    """
+    if not encoder.frozen:
+        raise FeatureCacheError("the encoder fine-tunes (finetune_blocks > 0): its grids change during training, "
+                                "so they cannot be cached; set model.encoder.finetune_blocks=0 or data.use_cache=false")
+    paths: dict[str, str] = {}
+    for r in records:
+        image_id, path = str(r.image_id), str(r.path)
+        if paths.setdefault(image_id, path) != path:
+            raise ValueError(f"image id {image_id!r} names two files: {paths[image_id]} and {path}")
+    if not paths:
+        raise ValueError("extract_features: no records")
+    directory = Path(out_dir)
+    fingerprint = encoder.fingerprint()
+    grid_hw, dim = tuple(encoder.grid_hw), int(encoder.backbone_dim)
+    rows = _prepare_cache(directory, list(paths), fingerprint, grid_hw, dim)
+    cache = FeatureCache.open(directory)
+    done = cache.done.copy()
+    # earlier failures of these images are forgotten: they are tried again (the file may have been fixed)
+    failures = {i: why for i, why in cache.failures.items() if i not in paths}
+    todo = sorted((rows[i], i) for i in paths if not done[rows[i]])
+    id_of_row = dict(todo)
+    total = len(paths)
+
+    device = torch.device(device) if device is not None else next(encoder.parameters()).device
+    encoder.to(device=device, memory_format=torch.channels_last).eval()
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16  # CPUs autocast to bfloat16 only
+    loader = DataLoader(_ImageFiles([r for r, _ in todo], [paths[i] for _, i in todo], encoder.transform,
+                                    encoder.input_size),
+                        batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                        pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+    grids = np.memmap(directory / GRIDS_FILE, dtype=np.float16, mode="r+", shape=cache.shape)  # (N, L, D)
+    n_failed, processed, start = 0, 0, time.perf_counter()
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(todo), disable=not progress, unit="img", desc="extract") as bar:
+        for batch_index, (batch_rows, images, errors) in enumerate(loader):
+            batch_rows = batch_rows.numpy()
+            ok = np.array([not e for e in errors])
+            for row, err in zip(batch_rows, errors):
+                if err:
+                    failures[id_of_row[int(row)]] = err
+                    n_failed += 1
+            if ok.any():
+                x = images if ok.all() else images[torch.from_numpy(ok)]
+                x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)  # (B, 3, S, S)
+                with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
+                    grid = encoder.backbone_features(x)  # (B, L, D)
+                good = batch_rows[ok]
+                grids[good] = grid.to(torch.float16).cpu().numpy()
+                grids.flush()  # rows on disk before the progress file says so
+                done[good] = True
+                processed += len(good)
+            _save_progress(directory, done, failures)
+            bar.update(len(batch_rows))
+            if on_batch is not None:
+                on_batch(batch_index, int(done.sum()))
+            if n_failed > max_failure_share * total:
+                examples = "; ".join([failures[i] for i in paths if i in failures][:5])
+                raise FeatureCacheError(f"{n_failed} of {total} images could not be loaded (more than "
+                                        f"max_failure_share={max_failure_share}); e.g. {examples}")
+    del grids
+    seconds = time.perf_counter() - start
+    cache = FeatureCache.open(directory)
+    failed_here = [i for i in paths if i in cache.failures]
+    if failed_here:
+        log.warning("%d of %d images could not be loaded and have no grid, e.g. %s", len(failed_here), total,
+                    "; ".join(cache.failures[i] for i in failed_here[:3]))
+    cache.stats = {"processed": processed, "failed": len(failed_here), "seconds": seconds,
+                   "images_per_s": processed / seconds if seconds > 0 else 0.0}
+    return cache
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`captioner extract --config X.yaml [--set k=v ...] [--splits train,val,test]`: fill the feature cache."""
+    from captioner.config import ConfigError, add_config_arguments, load_config
+    from captioner.models.encoder import EncoderWeightsError, build_encoder
+
+    parser = argparse.ArgumentParser(prog="captioner extract", description="Precompute the frozen encoder's grids "
+                                     "of every image of the given splits into one feature cache.")
+    add_config_arguments(parser)
+    parser.add_argument("--splits", default="train,val,test", help="comma-separated splits (default: all three)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
+    parser.add_argument("--num-workers", type=int, default=None, help="default: data.num_workers")
+    parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        enc = cfg.model.encoder
+        if enc.finetune_blocks:
+            raise FeatureCacheError(f"model.encoder.finetune_blocks={enc.finetune_blocks}: a fine-tuned encoder's "
+                                    "grids change as it trains and cannot be cached; nothing to extract")
+        # no projection: only backbone output is cached (the projection trains, after the cache)
+        encoder = build_encoder(name=enc.name, pretrained=enc.pretrained, weights_path=enc.weights_path or None,
+                                input_size=enc.input_size, stage=None if enc.stage < 0 else enc.stage,
+                                grid_size=enc.grid_size or None)
+        from captioner.data.datasets import load_records  # lazy: owned by the training engineer
+
+        splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+        records = [r for split in splits for r in load_records(cfg.data, split)]
+        out_dir = cache_dir_for(cfg.data, encoder.fingerprint())
+        print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
+              f"(grid {encoder.grid_hw[0]}x{encoder.grid_hw[1]}x{encoder.backbone_dim}) into {out_dir}")
+        cache = extract_features(encoder, records, out_dir,
+                                 batch_size=args.batch_size or cfg.eval.batch_size,
+                                 num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,
+                                 max_failure_share=cfg.data.max_failure_share, progress=not args.no_progress,
+                                 device=_resolve_device(args.device or cfg.train.device))
+    except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError) as err:
+        print(f"captioner extract: error: {err}", file=sys.stderr)
+        return 1
+    s = cache.stats
+    print(f"done: {s['processed']} images in {s['seconds']:.1f} s ({s['images_per_s']:.1f} images/s); "
+          f"{len(cache)} grids cached, {s['failed']} unreadable -> {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

