@@ -1,0 +1,111 @@
+"""`captioner demo` (what `make demo` runs): the whole pipeline on the built-in shapes data.
+
+Generates the shapes data, extracts EfficientNet-Lite0 grids into the feature cache,
+trains the soft-attention model within a time budget, evaluates it on the test split
+(caption metrics and attention grounding), captions a few test images and writes
+their attention overlays, then prints where everything is. A second run reuses the
+data, the cache and a finished training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from captioner.config import add_config_arguments, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shapes.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="captioner demo", description=__doc__.splitlines()[0])
+    add_config_arguments(parser)
+    parser.add_argument("--run-dir", default="runs/demo")
+    parser.add_argument("--time-budget", type=float, default=600.0,
+                        help="seconds of training at most (default 600)")
+    parser.add_argument("--n-captions", type=int, default=6, help="test images to caption with overlays")
+    parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from captioner.data.datasets import load_records
+    from captioner.data.images import load_image
+    from captioner.evaluate import evaluate_model, format_table
+    from captioner.models.captioner import load_captioner
+    from captioner.train import train
+    from captioner.visualize import overlay_attention
+
+    config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    overrides = [f"train.run_dir={args.run_dir}", f"train.time_budget_s={args.time_budget}", *args.overrides]
+    cfg = load_config(config_path, overrides)
+    run_dir = Path(cfg.train.run_dir)
+    t0 = time.time()
+
+    print(f"[1/4] data + training ({config_path or 'defaults'}; budget {args.time_budget:.0f} s) -> {run_dir}")
+    done_marker = run_dir / "finished.json"
+    if done_marker.exists() and (run_dir / "best.pt").exists() and not args.retrain:
+        print(f"      reusing the finished run in {run_dir} (pass --retrain to train again)")
+    else:
+        resume = str(run_dir) if (run_dir / "last.pt").exists() and not args.retrain else None
+        train(cfg, resume=resume)
+        done_marker.write_text(json.dumps({"finished_at": time.time()}))
+
+    print("[2/4] evaluating on the test split (greedy)")
+    model = load_captioner(run_dir)
+    records = load_records(cfg.data, "test")
+    result = evaluate_model(model, records, beam_size=1, max_length=cfg.eval.max_length,
+                            batch_size=cfg.eval.batch_size, meteor=True)
+    result["split"] = "test"
+    print(format_table(result, "test"))
+
+    print(f"[3/4] captioning {args.n_captions} test images with beam {cfg.eval.beam_size}, writing overlays")
+    overlay_dir = run_dir / "overlays"
+    overlay_dir.mkdir(parents=True, exist_ok=True)
+    captions = []
+    for record in records[: args.n_captions]:
+        image = load_image(record.path)
+        out = model.caption([image], beam=cfg.eval.beam_size)[0]
+        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
+        target = overlay_dir / f"{Path(record.path).stem}.png"
+        fig.savefig(target, dpi=80, bbox_inches="tight")
+        captions.append({"image": str(record.path), "caption": out["caption"], "reference": record.raw[0],
+                         "overlay": str(target)})
+        print(f"      {Path(record.path).name}: {out['caption']!r}  (reference: {record.raw[0]!r})")
+
+    print("[4/4] summary")
+    summary = {
+        "test": {k: v for k, v in result.items() if k != "predictions"},
+        "captions": captions,
+        "wall_time_s": round(time.time() - t0, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    bleu4 = result["scores"].get("BLEU-4")
+    grounding = result["grounding"]
+    print(f"      test BLEU-4 {bleu4:.2f} | grounding "
+          f"{'n/a' if grounding is None else f'{100 * grounding:.1f}%'} | {summary['wall_time_s']:.0f} s")
+    print(f"      checkpoint: {run_dir / 'best.pt'}\n      overlays:   {overlay_dir}/\n"
+          f"      summary:    {run_dir / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def ensure_checkpoint(config: str | Path, run_dir: str | Path, overrides: Sequence[str] = ()) -> Path:
+    """Return ``run_dir``, training it from ``config`` first unless it already holds a best.pt.
+
+    The notebook uses this to load the demo checkpoint, or to train one quickly when there is none.
+    """
+    from captioner.train import train
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "best.pt").exists():
+        train(load_config(config, [f"train.run_dir={run_dir}", *overrides]))
+    return run_dir

@@ -1,0 +1,150 @@
+"""`captioner evaluate`: decode a split and score it.
+
+Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
+reference captions, reported on the 0-100 scale with the split, beam width and
+decoding mode beside them. Attention grounding (captioner/metrics.py) is reported
+beside them when the data set knows object regions (the shapes boxes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from captioner.metrics import attention_grounding, caption_scores, mean_grounding
+
+
+def _image_size(record) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(record.path) as im:  # lazy: reads the header only
+        return im.size
+
+
+@torch.no_grad()
+def evaluate_model(
+    model,
+    records: Sequence,
+    beam_size: int = 3,
+    max_length: int = 20,
+    attention_mode: str | None = None,
+    batch_size: int = 32,
+    cache=None,
+    meteor: bool = True,
+    metrics: Sequence[str] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Decode ``records`` (ImageRecords) and score them.
+
+    Grids come from ``cache`` (a FeatureCache of backbone grids) when given, else from the
+    images through the model's encoder. Returns a dict with ``scores`` (0-100, None where a
+    metric is unavailable), ``grounding`` (None when no record has object regions), the
+    ``predictions`` per image id, and the decoding settings.
+    """
+    from captioner.data.images import load_image
+
+    model.eval()
+    device = model.device
+    predictions: dict[str, str] = {}
+    per_image_grounding: list[float | None] = []
+    mode = model.decode_mode(attention_mode)
+    bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
+               leave=False)
+    for start in range(0, len(records), batch_size):
+        batch = records[start : start + batch_size]
+        if cache is not None:
+            grid = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).to(device).float()
+            grid = model.prepare_grid(grid)  # (B, L, D)
+        else:
+            images = torch.stack([model.transform(load_image(r.path)) for r in batch]).to(device)
+            grid = model.encode(images)  # (B, L, D)
+        hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode)
+        for record, per_image in zip(batch, hyps):
+            best = per_image[0]
+            words = model.vocab.decode(best.tokens, keep_unk=True)
+            predictions[record.image_id] = " ".join(words)
+            if record.objects and best.alphas is not None:
+                per_image_grounding.append(attention_grounding(
+                    words, best.alphas[: len(words)].float().cpu().numpy(), model.grid_hw,
+                    record.objects, _image_size(record)))
+        bar.update(len(batch))
+    bar.close()
+    references = {r.image_id: list(r.raw) for r in records}
+    scores = caption_scores(predictions, references, meteor=meteor, **({"metrics": metrics} if metrics else {}))
+    grounded = [g for g in per_image_grounding if g is not None]
+    return {
+        "scores": scores,
+        "grounding": mean_grounding(per_image_grounding) if grounded else None,
+        "grounding_words_images": len(grounded),
+        "n_images": len(records),
+        "beam_size": beam_size,
+        "attention_mode": mode,
+        "predictions": predictions,
+    }
+
+
+def format_table(result: dict, split: str) -> str:
+    head = (f"split={split}  images={result['n_images']}  beam={result['beam_size']}  "
+            f"decoding={result['attention_mode']}")
+    rows = [head, "-" * len(head)]
+    for name, value in result["scores"].items():
+        rows.append(f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}")
+    g = result["grounding"]
+    rows.append(f"{'grounding':<10} {'n/a (no regions)' if g is None else f'{100 * g:6.2f}'}"
+                + ("" if g is None else "  (% of a referring word's attention inside its object)"))
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
+    parser.add_argument("--split", default=None, choices=("train", "val", "test"),
+                        help="default: the checkpoint's eval.split")
+    parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
+    parser.add_argument("--attention-mode", choices=("expectation", "argmax", "sample"), default=None)
+    parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")
+    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
+    parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
+    args = parser.parse_args(argv)
+
+    from captioner.checkpoint import CheckpointError
+    from captioner.data.datasets import load_records
+    from captioner.models.captioner import load_captioner
+
+    try:
+        model = load_captioner(args.checkpoint, device=args.device)
+    except (CheckpointError, ValueError) as err:
+        print(f"captioner evaluate: {err}", file=sys.stderr)
+        return 2
+    cfg = model.config
+    if args.data_root:
+        cfg.data.root = args.data_root
+    split = args.split or cfg.eval.split
+    beam = args.beam or cfg.eval.beam_size
+    records = load_records(cfg.data, split)
+    if args.max_images:
+        records = records[: args.max_images]
+    result = evaluate_model(model, records, beam_size=beam, max_length=cfg.eval.max_length,
+                            attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
+                            meteor=not args.no_meteor, progress=not args.json)
+    result["split"] = split
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=2))
+    else:
+        print(format_table(result, split))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

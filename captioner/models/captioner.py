@@ -1,0 +1,237 @@
+"""Encoder + decoder as one captioner, ``build_model(cfg, vocab)`` and ``load_captioner``.
+
+``build_model`` is the only function that reads the config: it turns
+``cfg.model`` into the constructor arguments of the encoder, the optional grid
+self-attention and the Show-Attend-Tell decoder (Xu et al. 2015, §3).
+The split mirrors timm's ``forward_features`` / head: ``encoder.backbone_features``
+is the frozen, cacheable part; ``prepare_grid`` (projection + self-attention) and
+the decoder are what training updates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from captioner.config import Config, config_from_dict
+from captioner.data.vocab import Vocab
+from captioner.models.attention import SelfAttentionEncoder
+from captioner.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioner.models.encoder import Encoder, build_encoder
+
+
+class Captioner(nn.Module):
+    """An image captioner: grid = encode(images); decoder attends over the grid word by word.
+
+    Args:
+        encoder: backbone producing the annotation grid (B, L, D) and its (H, W).
+        decoder: the LSTM decoder with soft or hard attention.
+        vocab: the vocabulary the decoder's ids refer to.
+        refine: optional self-attention over the grid (identity when it has no layers).
+        attention_kind: "soft", "hard", "key_value" or "multi_head" (recorded in outputs).
+        attention_mode: default decoding mode for hard attention (expectation | argmax | sample).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        decoder: ShowAttendTellDecoder,
+        vocab: Vocab,
+        refine: nn.Module | None = None,
+        attention_kind: str = "soft",
+        attention_mode: str = "expectation",
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.refine = refine if refine is not None else nn.Identity()
+        self.vocab = vocab
+        self.attention_kind = attention_kind
+        self.attention_mode = attention_mode
+        self.config: Config | None = None
+
+    @property
+    def transform(self):
+        """The image preprocessing that matches the encoder's weights (PIL RGB -> (3, S, S))."""
+        return self.encoder.transform
+
+    @property
+    def grid_hw(self) -> tuple[int, int]:
+        return tuple(self.encoder.grid_hw)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.decoder.parameters()).device
+
+    def prepare_grid(self, grid: torch.Tensor) -> torch.Tensor:
+        """Backbone grid (B, L, D_backbone) -> decoder input grid (B, L, D): projection + self-attention."""
+        return self.refine(self.encoder.project(grid))
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, S, S) -> prepared grid (B, L, D)."""
+        return self.prepare_grid(self.encoder.backbone_features(images))
+
+    def forward(
+        self,
+        grid: torch.Tensor,
+        captions: torch.Tensor,
+        lengths: torch.Tensor,
+        attention_mode: str = "soft",
+        expectation_mask: torch.Tensor | None = None,
+    ) -> DecoderOutput:
+        """Teacher-forced decoding over a prepared grid (B, L, D); see ShowAttendTellDecoder.forward."""
+        return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
+
+    def decode_mode(self, attention_mode: str | None) -> str:
+        """The attention mode decoding uses: soft models always decode softly."""
+        if self.attention_kind != "hard":
+            return "soft"
+        return attention_mode or self.attention_mode
+
+    @torch.no_grad()
+    def generate(
+        self,
+        grid: torch.Tensor,
+        beam_size: int = 1,
+        max_length: int = 20,
+        attention_mode: str | None = None,
+        n_best: int = 1,
+        length_penalty: float = 1.0,
+        min_length: int = 0,
+    ) -> list[list[Any]]:
+        """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words)."""
+        from captioner.search import beam_search, greedy_search
+
+        mode = self.decode_mode(attention_mode)
+        state = self.decoder.init_state(grid)
+
+        def step_fn(tokens, state):
+            return self.decoder.step(tokens, state, attention_mode=mode)
+
+        # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.
+        common = dict(batch_size=grid.size(0), start_id=self.vocab.start_id, end_id=self.vocab.end_id,
+                      max_length=max_length, forbid_ids=(self.vocab.pad_id, self.vocab.start_id))
+        if beam_size == 1 and n_best == 1:
+            return greedy_search(step_fn, state, min_length=min_length, **common)
+        return beam_search(step_fn, state, beam_size=beam_size, length_penalty=length_penalty,
+                           n_best=n_best, min_length=min_length, **common)
+
+    @torch.no_grad()
+    def caption(
+        self,
+        images: Sequence[Any],
+        beam: int = 3,
+        attention_mode: str | None = None,
+        max_length: int = 20,
+        n_best: int = 1,
+    ) -> list[dict]:
+        """Caption PIL images or image paths.
+
+        Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
+        ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode`` and ``n_best``
+        (every hypothesis as {caption, words, score}).
+        """
+        from captioner.data.images import load_image
+
+        was_training = self.training
+        self.eval()
+        try:
+            pil = [load_image(im) if isinstance(im, (str, Path)) else im for im in images]
+            if not pil:
+                return []
+            batch = torch.stack([self.transform(im) for im in pil]).to(self.device)  # (B, 3, S, S)
+            grid = self.encode(batch)  # (B, L, D)
+            mode = self.decode_mode(attention_mode)
+            hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
+                                 n_best=n_best)
+        finally:
+            self.train(was_training)
+        results = []
+        for per_image in hyps:
+            best = per_image[0]
+            words = self.vocab.decode(best.tokens, keep_unk=True)
+            alphas = (best.alphas.float().cpu().numpy() if best.alphas is not None
+                      else np.zeros((len(best.tokens), grid.size(1)), dtype=np.float32))
+            results.append({
+                "caption": " ".join(words),
+                "words": words,
+                "alphas": alphas[: len(words)],
+                "grid_hw": self.grid_hw,
+                "score": float(best.score),
+                "attention_mode": mode,
+                "locations": ([int(a) for a in alphas[: len(words)].argmax(axis=1)]
+                              if mode in ("argmax", "sample") else None),
+                "n_best": [{"caption": " ".join(self.vocab.decode(h.tokens, keep_unk=True)), "words": self.vocab.decode(h.tokens, keep_unk=True),
+                            "score": float(h.score)} for h in per_image],
+            })
+        return results
+
+
+def build_model(cfg: Config, vocab: Vocab) -> Captioner:
+    """The one translation of config into constructor arguments."""
+    enc = cfg.model.encoder
+    encoder = build_encoder(
+        name=enc.name,
+        pretrained=enc.pretrained,
+        weights_path=enc.weights_path or None,
+        input_size=enc.input_size,
+        stage=None if enc.stage == -1 else enc.stage,
+        grid_size=enc.grid_size or None,
+        proj_dim=enc.proj_dim or None,
+        finetune_blocks=enc.finetune_blocks,
+    )
+    refine = (SelfAttentionEncoder(dim=encoder.out_dim, layers=enc.self_attention_layers,
+                                   heads=cfg.model.attention.heads)
+              if enc.self_attention_layers > 0 else None)
+    att, dec = cfg.model.attention, cfg.model.decoder
+    decoder = ShowAttendTellDecoder(
+        vocab_size=len(vocab),
+        feature_dim=encoder.out_dim,
+        embed_dim=dec.embed_dim,
+        hidden_dim=dec.hidden_dim,
+        attention_dim=att.attention_dim,
+        scorer=att.scorer,
+        attention=att.kind,
+        heads=att.heads,
+        gate=dec.gate,
+        dropout=dec.dropout,
+        pad_id=vocab.pad_id,
+    )
+    model = Captioner(encoder, decoder, vocab, refine=refine, attention_kind=att.kind,
+                      attention_mode=cfg.eval.attention_mode)
+    model.config = cfg
+    return model
+
+
+def load_captioner(path: str | Path, device: str = "cpu") -> Captioner:
+    """Rebuild a captioner from a checkpoint (file, or run directory holding best.pt / last.pt).
+
+    The checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
+    ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
+    state dict is checked key by key, so a mismatch names the field that differs.
+    """
+    from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
+
+    payload = load_checkpoint(path, map_location="cpu")
+    for key in ("config", "vocab", "model"):
+        if key not in payload:
+            raise CheckpointError(f"{path}: checkpoint has no {key!r} entry (keys: {', '.join(payload)})")
+    try:
+        cfg = config_from_dict(payload["config"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: the stored config is invalid: {err}") from None
+    cfg.model.encoder.pretrained = False  # the weights come from the checkpoint; never touch the network
+    try:
+        vocab = Vocab.from_dict(payload["vocab"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise CheckpointError(f"{path}: the stored vocabulary is invalid: {err}") from None
+    model = build_model(cfg, vocab)
+    check_state_dict(payload["model"], model.state_dict())
+    model.load_state_dict(payload["model"])
+    model.to(device)
+    model.eval()
+    return model
