@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds of training at most (default 600)")
     parser.add_argument("--n-captions", type=int, default=6, help="test images to caption with overlays")
     parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
+    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     args = parser.parse_args(argv)
 
     import torch
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = load_captioner(run_dir)
     records = load_records(cfg.data, "test")
     result = evaluate_model(model, records, beam_size=1, max_length=cfg.eval.max_length,
-                            batch_size=cfg.eval.batch_size, meteor=True)
+                            batch_size=cfg.eval.batch_size, meteor=not args.no_meteor)
     result["split"] = "test"
     print(format_table(result, "test"))
 

@@ -1,0 +1,125 @@
+"""Training objectives of Xu et al. 2015: soft attention (§4.2) and REINFORCE hard attention (§4.1).
+
+Soft, Eq. (14):   L = -(1/N) Σ_t log p(y_t | a) + λ Σ_i (1 - Σ_t α_ti)²
+    N is the number of real (unpadded) target words in the batch; the penalty sums t over real
+    steps only and is averaged over the batch.
+
+Hard, Eq. (10)-(12): the decoder samples one location s̃_t ~ Multinoulli(α_t) per word (attention
+mode "sample") and returns log p(s̃_t | a) and the entropy H[α_t]. The surrogate whose gradient is
+the paper's Monte-Carlo estimate of ∂L_s/∂W (L_s = Σ_s p(s|a) log p(y|s,a)) is
+
+    loss = -(1/N) Σ_b [ log p(y_b|s̃,a) + λ_r (R_b - b)·Σ_t log p(s̃_t|a) + λ_e Σ_t H[α_t] ]
+    R_b  = Σ_t log p(y_t|s̃,a) over real steps (detached),   b = moving average of R (Eq. 12)
+
+The data term and the REINFORCE term share the 1/N scale, so their sum is an unbiased estimate of
+-(1/N) ∂L_s/∂W (tested against exact enumeration in tests/test_losses.py). Images whose context
+was the expectation (the per-image variance trick of §4.1) carry log p(s̃) = 0 from the decoder
+and thus no REINFORCE term; they are also left out of the baseline's average.
+
+The doubly stochastic penalty is applied to hard attention too (weight ``alpha_c``): the paper
+introduces it for soft attention, but it is equally defined on the α_t a hard model samples from,
+and it pushes the model to look at every part of the image over a caption either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class LossOutput:
+    """The scalar to minimise and its parts (detached, for logging)."""
+
+    loss: Tensor  # scalar, differentiable
+    parts: dict[str, Tensor]  # name -> detached scalar
+    reward_sum: Tensor | None = None  # hard: Σ R over sampled images (detached), for the baseline
+    reward_count: Tensor | None = None  # hard: number of sampled images
+
+
+def masked_cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Mean negative log-likelihood over real tokens: logits (B, T, V), targets (B, T), mask (B, T)."""
+    B, T, V = logits.shape
+    nll = F.cross_entropy(logits.reshape(B * T, V).float(), targets.reshape(B * T), reduction="none")  # (B*T,)
+    mask = mask.reshape(B * T).to(nll.dtype)
+    return (nll * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def token_log_likelihood(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """log p(y_t) of each target token, 0 at padding: (B, T)."""
+    log_p = F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return log_p * mask.to(log_p.dtype)
+
+
+def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
+    """Eq. (14): mean over the batch of Σ_i (1 - Σ_t α_ti)², t over real steps. alphas (B, T, L)."""
+    coverage = (alphas.float() * mask.unsqueeze(-1).to(torch.float32)).sum(dim=1)  # (B, L)
+    return ((1.0 - coverage) ** 2).sum(dim=1).mean()
+
+
+def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0) -> LossOutput:
+    """Soft (deterministic) attention, Eq. (14). ``output`` is a DecoderOutput, targets = captions[:, 1:]."""
+    xe = masked_cross_entropy(output.logits, targets, output.mask)
+    penalty = doubly_stochastic_penalty(output.alphas, output.mask)
+    loss = xe + alpha_c * penalty
+    return LossOutput(loss=loss, parts={"xe": xe.detach(), "alpha_penalty": penalty.detach()})
+
+
+def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, alpha_c: float = 1.0,
+                        reinforce_weight: float = 1.0, entropy_weight: float = 0.01,
+                        sampled: Tensor | None = None) -> LossOutput:
+    """Hard (stochastic) attention, Eq. (10)-(12); see the module docstring for the surrogate.
+
+    Args:
+        output: DecoderOutput of a forward pass in attention mode "sample" (log_probs and entropies set).
+        targets: (B, T-1) = captions[:, 1:].
+        baseline: b, the moving average of the reward (a float: the same on every DDP rank); None on
+            the very first batch, which then uses its own mean reward (a one-step, negligible bias).
+        sampled: (B,) bool, images whose locations were sampled (not expectation-masked); these
+            define the reward average that updates b. None = all.
+    """
+    if output.log_probs is None or output.entropies is None:
+        raise ValueError("hard_attention_loss needs a decoder output from attention_mode='sample' "
+                         "(log_probs and entropies are None: is the attention kind 'hard'?)")
+    mask = output.mask.to(torch.float32)  # (B, T-1)
+    n_tokens = mask.sum().clamp(min=1.0)
+    log_py = token_log_likelihood(output.logits, targets, output.mask)  # (B, T-1)
+    reward = log_py.sum(dim=1).detach()  # (B,): R = log p(y | s̃, a)
+    log_ps = (output.log_probs.float() * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
+    entropy = (output.entropies.float() * mask).sum()  # Σ over real steps and images
+    if sampled is None:
+        sampled = torch.ones_like(reward, dtype=torch.bool)
+    sampled_f = sampled.to(reward.dtype)
+    mean_reward = (reward * sampled_f).sum() / sampled_f.sum().clamp(min=1.0)
+    if baseline is None:
+        baseline = mean_reward
+
+    data_term = -log_py.sum() / n_tokens
+    reinforce = -reinforce_weight * ((reward - baseline) * log_ps).sum() / n_tokens
+    entropy_term = -entropy_weight * entropy / n_tokens
+    penalty = doubly_stochastic_penalty(output.alphas, output.mask)
+    loss = data_term + reinforce + entropy_term + alpha_c * penalty
+    return LossOutput(
+        loss=loss,
+        parts={
+            "xe": data_term.detach(),
+            "alpha_penalty": penalty.detach(),
+            "reinforce": reinforce.detach(),
+            "entropy": (entropy / n_tokens).detach(),
+            "reward": mean_reward,
+        },
+        reward_sum=(reward * sampled_f).sum(),
+        reward_count=sampled_f.sum(),
+    )
+
+
+def update_baseline(baseline: float | None, batch_mean_reward: float, decay: float = 0.9) -> float:
+    """Eq. (12)'s moving average: b <- decay·b + (1 - decay)·mean R; the first batch sets b outright
+    (starting at 0 would make the early REINFORCE terms huge: R is a sum of log-probabilities)."""
+    if baseline is None:
+        return float(batch_mean_reward)
+    return decay * baseline + (1.0 - decay) * float(batch_mean_reward)

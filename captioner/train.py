@@ -1,0 +1,651 @@
+"""The training loop: epochs, validation by real decoding, checkpoints, exact resume, DDP.
+
+Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of captioner/losses.py:
+soft attention by backpropagation (§4.2, Eq. 14), hard attention by REINFORCE with a moving
+baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12).
+
+- Frozen encoder + ``data.use_cache``: backbone grids are extracted once into the feature cache
+  and training reads them (no CNN in the loop: what makes CPU training fast). Fine-tuning
+  (``finetune_blocks > 0``) reads images on the fly with a separate ``encoder_lr`` group.
+- Validation decodes greedily and scores BLEU-4 / CIDEr-D on the raw references; ``best.pt``
+  follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
+  validation loss is logged, never used to choose.
+- ``last.pt`` after every epoch holds everything needed to continue bit for bit: weights,
+  optimizer, scheduler, every rank's RNG states, the hard-attention baseline and the metrics.
+  The shuffling order of epoch e depends only on (seed, e).
+- DDP under torchrun: one process per device, DistributedSampler, rank 0 validates and writes;
+  the REINFORCE baseline is updated from the all-reduced batch reward, so it is the same on
+  every rank. Per-process batch size is ``train.batch_size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from captioner.config import Config, ConfigError, add_config_arguments, config_to_dict, load_config, save_config
+from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset,
+                                     ImageRecord, build_vocab, collate_captions, load_records)
+from captioner.data.vocab import Vocab
+from captioner.losses import (LossOutput, hard_attention_loss, masked_cross_entropy, soft_attention_loss,
+                              update_baseline)
+
+log = logging.getLogger(__name__)
+
+# Set to anything: every rank writes the SHA-256 of its final weights to RUN_DIR/weights-rank<R>.sha256
+# (how the DDP test checks the ranks stayed in lockstep).
+WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
+METRICS_FILE = "metrics.jsonl"
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. non-finite losses in a row); the message says why and what to try."""
+
+
+# --------------------------------------------------------------------------- process / device
+
+
+def _setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_name == "auto":
+        device_name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    elif device_name == "cuda":
+        device_name = f"cuda:{local_rank}"
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TrainingError(f"train.device={device_name} but CUDA is not available; use train.device=cpu or auto")
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def _broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
+    """Rank 0's decision (early stop, time budget) for everyone, so no rank waits forever."""
+    if world == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+# --------------------------------------------------------------------------- RNG state as plain data
+
+
+def _rng_state() -> dict:
+    """This process's RNG states in a form torch.load(weights_only=True) reads back."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                  int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], torch.tensor(py_state[1], dtype=torch.int64), py_state[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _gather_rng_states(world: int) -> list[dict]:
+    if world == 1:
+        return [_rng_state()]
+    states: list[Any] = [None] * world
+    dist.all_gather_object(states, _rng_state())
+    return states
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _records(cfg: Config, split: str, rank: int, world: int) -> list[ImageRecord]:
+    # Rank 0 first: the shapes format generates its data on first use, which must happen once.
+    if rank == 0:
+        records = load_records(cfg.data, split)
+    _barrier(world)
+    if rank != 0:
+        records = load_records(cfg.data, split)
+    return records
+
+
+def _feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord], rank: int, world: int) -> Any:
+    """Open the feature cache of this encoder, extracting it first when incomplete (rank 0 only)."""
+    from captioner.data.features import FeatureCache, cache_dir_for, extract_features
+
+    fingerprint = model.encoder.fingerprint()
+    directory = cache_dir_for(cfg.data, fingerprint)
+    if rank == 0 and not _cache_complete(directory, records, fingerprint):
+        log.info("extracting encoder grids for %d images into %s", len(records), directory)
+        extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
+                         num_workers=cfg.data.num_workers, max_failure_share=cfg.data.max_failure_share,
+                         progress=True)
+    _barrier(world)
+    return FeatureCache.open(directory, expected_fingerprint=fingerprint)
+
+
+def _cache_complete(directory: Path, records: list[ImageRecord], fingerprint: dict) -> bool:
+    from captioner.data.features import FeatureCache, FeatureCacheError
+
+    if not (directory / "index.json").exists():
+        return False
+    try:
+        cache = FeatureCache.open(directory, expected_fingerprint=fingerprint)
+    except FeatureCacheError:  # incomplete or another encoder's: extraction resumes it or says what is wrong
+        return False
+    return all(r.image_id in cache for r in records)
+
+
+def _drop_uncached(records: list[ImageRecord], cache: Any, split: str) -> list[ImageRecord]:
+    kept = [r for r in records if r.image_id in cache]
+    if len(kept) < len(records):
+        log.warning("%s: %d of %d images have no cached grid (unreadable at extraction) and are skipped",
+                    split, len(records) - len(kept), len(records))
+    if not kept:
+        raise DataError(f"{split}: no image has a cached grid")
+    return kept
+
+
+def _make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: list[ImageRecord],
+                   val_records: list[ImageRecord], from_images: bool, rank: int, world: int
+                   ) -> tuple[CaptionDataset, CaptionDataset, CaptionDataset]:
+    """(train per caption, val per caption for the loss, val per image for decoding)."""
+    max_length = cfg.data.max_length
+    if from_images:
+        def make(records, per_image):
+            return ImageCaptionDataset(records, vocab, max_length, transform=model.transform, per_image=per_image)
+    else:
+        cache = _feature_cache(cfg, model, train_records + val_records, rank, world)
+        train_records = _drop_uncached(train_records, cache, "train")
+        val_records = _drop_uncached(val_records, cache, "val")
+
+        def make(records, per_image):
+            return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
+    train_set = make(train_records, False)
+    if train_set.n_truncated:
+        log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
+                 train_set.n_truncated, len(train_set), max_length)
+    return train_set, make(val_records, False), make(val_records, True)
+
+
+def _loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int, rank: int, world: int,
+            shuffle: bool, num_workers: int, pin_memory: bool) -> DataLoader:
+    """The order of epoch ``epoch`` depends only on (seed, epoch): what makes resume exact."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    if world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
+        sampler.set_epoch(epoch)
+    elif shuffle:
+        sampler = RandomSampler(dataset, generator=generator)
+    else:
+        sampler = None
+    # generator= also feeds the loader's worker base seed, which would otherwise draw on the global RNG.
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate_captions,
+                      num_workers=num_workers, pin_memory=pin_memory, generator=generator,
+                      persistent_workers=False)
+
+
+# --------------------------------------------------------------------------- model step
+
+
+class _TrainForward(nn.Module):
+    """Grid preparation (or encoding) + teacher-forced decoding as one forward, so DDP sees every
+    trainable parameter (projection, self-attention, encoder blocks) in the call it wraps."""
+
+    def __init__(self, model: nn.Module, from_images: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.from_images = from_images
+
+    def forward(self, inputs: torch.Tensor, captions: torch.Tensor, lengths: torch.Tensor, attention_mode: str = "soft",
+                expectation_mask: torch.Tensor | None = None):
+        grid = self.model.encode(inputs) if self.from_images else self.model.prepare_grid(inputs)  # (B, L, D)
+        return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
+
+
+def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None) -> LossOutput:
+    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick)."""
+    targets = batch.captions[:, 1:]  # (B, T-1)
+    if not hard:
+        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="soft")
+        return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c)
+    h = cfg.train.hard
+    B = batch.captions.shape[0]
+    expectation = torch.rand(B) < h.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
+    expectation = expectation.to(batch.captions.device)
+    out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="sample", expectation_mask=expectation)
+    return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
+                               reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
+                               sampled=~expectation)
+
+
+def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    encoder_ids = set()
+    if cfg.model.encoder.finetune_blocks > 0:
+        encoder_ids = {id(p) for p in model.encoder.trainable_parameters()}
+    head = [p for p in model.parameters() if p.requires_grad and id(p) not in encoder_ids]
+    groups = [{"params": head, "lr": t.lr}]
+    if encoder_ids:
+        groups.append({"params": [p for p in model.parameters() if id(p) in encoder_ids], "lr": t.encoder_lr})
+    optimizers = {
+        "adam": lambda: torch.optim.Adam(groups, lr=t.lr, weight_decay=t.weight_decay),
+        "rmsprop": lambda: torch.optim.RMSprop(groups, lr=t.lr, weight_decay=t.weight_decay),
+    }
+    if t.optimizer not in optimizers:
+        raise ConfigError(f"train.optimizer: unknown {t.optimizer!r}; valid: {', '.join(optimizers)}")
+    return optimizers[t.optimizer]()
+
+
+def _build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """Stepped once per epoch; "none" is a constant schedule so the checkpoint always has one."""
+    t = cfg.train
+    schedules = {
+        "none": lambda: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0),
+        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, step_size=t.lr_step_epochs, gamma=t.lr_gamma),
+        "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=t.epochs),
+    }
+    if t.lr_schedule not in schedules:
+        raise ConfigError(f"train.lr_schedule: unknown {t.lr_schedule!r}; valid: {', '.join(schedules)}")
+    return schedules[t.lr_schedule]()
+
+
+def _weights_hash(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _all_finite(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def score_captions(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float | None]:
+    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references (METEOR skipped: its Java start-up dominates a small val set)."""
+    from captioner.metrics import caption_scores
+
+    return caption_scores(predictions, references, meteor=False)
+
+
+@torch.no_grad()
+def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
+             device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
+    """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
+    was_training = model.training
+    model.eval()
+    prepare = model.encode if from_images else model.prepare_grid
+    mode = "soft" if model.attention_kind != "hard" else cfg.eval.attention_mode
+    try:
+        total, count = 0.0, 0
+        for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
+            batch = batch.to(device)
+            with amp():
+                out = model(prepare(batch.inputs), batch.captions, batch.lengths, attention_mode=mode)
+            n = int(out.mask.sum())
+            total += float(masked_cross_entropy(out.logits, batch.captions[:, 1:], out.mask)) * n
+            count += n
+        predictions: dict[str, str] = {}
+        references: dict[str, list[str]] = {}
+        vocab = model.vocab
+        for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
+            with amp():
+                grid = prepare(batch.inputs.to(device))  # (B, L, D)
+                hyps = model.generate(grid, beam_size=1, max_length=cfg.eval.max_length, attention_mode=mode)
+            for index, per_image in zip(batch.indices.tolist(), hyps):
+                record = decode_set.records[index]
+                predictions[record.image_id] = " ".join(vocab.decode(per_image[0].tokens))
+                references[record.image_id] = record.raw
+        scores = score_captions(predictions, references)
+    finally:
+        model.train(was_training)
+    result: dict[str, float | None] = {"val_loss": total / max(count, 1)}
+    result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
+    return result
+
+
+# --------------------------------------------------------------------------- metrics log
+
+
+def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
+    """The log's lines for epochs <= ``upto_epoch`` (a resumed run rewrites the rest)."""
+    if not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            if entry.get("epoch", 0) <= upto_epoch:
+                kept.append(entry)
+    return kept
+
+
+def _write_metrics(path: Path, entries: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    os.replace(tmp, path)
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional; metrics.jsonl always has everything
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class Progress:
+    """Where a run stands: what the checkpoint records besides weights and optimizer state."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # batches processed (skipped ones included)
+    baseline: float | None = None  # REINFORCE moving-average reward b (hard attention), same on every rank
+    history: list[dict] = field(default_factory=list)  # one metrics entry per epoch
+    best: dict = field(default_factory=dict)  # {"metric", "value", "epoch"}
+    bad_epochs: int = 0  # epochs since the validation metric last improved (early stopping)
+    nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
+
+    def payload(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "baseline": self.baseline,
+                "metrics": {"history": self.history, "best": self.best, "bad_epochs": self.bad_epochs}}
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> "Progress":
+        metrics = payload["metrics"]
+        return cls(epoch=int(payload["epoch"]), step=int(payload["step"]), baseline=payload["baseline"],
+                   history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]))
+
+
+def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
+                optimizer: torch.optim.Optimizer, scaler: Any, amp: Any, world: int) -> LossOutput | None:
+    """One optimizer step; None when skipped for a non-finite loss or gradient (the weights are untouched)."""
+    t = cfg.train
+    with amp():
+        res = compute_loss(forward, batch, cfg, hard, progress.baseline)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(res.loss).backward()
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip > 0 else math.inf)
+    # Every rank must take the same decision (and average the same rewards) or DDP desyncs: one all-reduce.
+    bad = (~torch.isfinite(res.loss.detach())).float()
+    if not scaler.is_enabled():  # with fp16 the scaler owns overflowing gradients
+        bad = bad + (~torch.isfinite(grad_norm)).float()
+    zero = bad.new_zeros(())
+    reduced = torch.stack([bad, zero if res.reward_sum is None else res.reward_sum.float(),
+                           zero if res.reward_count is None else res.reward_count.float()])
+    if world > 1:
+        dist.all_reduce(reduced)
+    bad_total, reward_sum, reward_count = reduced.tolist()
+    progress.step += 1
+    if bad_total > 0:
+        progress.nonfinite_run += 1
+        optimizer.zero_grad(set_to_none=True)
+        if scaler.is_enabled():
+            scaler.update()  # closes this step's unscale_, else the next one refuses to run
+        if progress.nonfinite_run >= t.max_nonfinite_steps:
+            raise TrainingError(
+                f"{progress.nonfinite_run} consecutive steps had a non-finite loss or gradient (epoch "
+                f"{progress.epoch + 1}, step {progress.step}); stopped without saving these weights (last good "
+                f"checkpoint: {Path(t.run_dir) / 'last.pt'}). Try a lower train.lr, train.grad_clip > 0 or "
+                "train.amp=none")
+        return None
+    progress.nonfinite_run = 0
+    scaler.step(optimizer)
+    scaler.update()
+    if hard and reward_count > 0:
+        progress.baseline = update_baseline(progress.baseline, reward_sum / reward_count, t.hard.baseline_decay)
+    return res
+
+
+def train(cfg: Config, resume: str | None = None) -> Path:
+    """Train per ``cfg``; with ``resume`` (a run directory or checkpoint file) continue exactly where
+    its ``last.pt`` stopped. Returns the run directory (best.pt, last.pt, config.yaml, vocab.json,
+    metrics.jsonl)."""
+    from tqdm import tqdm
+
+    from captioner.checkpoint import load_checkpoint, save_checkpoint
+    from captioner.models.captioner import build_model
+
+    started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
+    t = cfg.train
+    if t.num_threads > 0:
+        torch.set_num_threads(t.num_threads)
+    rank, world, device = _setup_distributed(t.device)
+    is_main = rank == 0
+    payload = None
+    if resume is not None:
+        resume_path = Path(resume)
+        ckpt_file = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+        payload = load_checkpoint(ckpt_file)
+        t.run_dir = str(ckpt_file.parent)
+        for section in ("data", "model"):  # what the weights and the vocabulary depend on
+            if payload["config"].get(section) != config_to_dict(cfg)[section]:
+                raise ConfigError(f"--resume {resume}: the config's {section!r} section differs from the "
+                                  f"checkpoint's; resume with the run's own config.yaml (only train.* may change)")
+    run_dir = Path(t.run_dir)
+
+    train_records = _records(cfg, "train", rank, world)
+    val_records = _records(cfg, "val", rank, world)
+    if t.val_max_images:
+        val_records = val_records[: t.val_max_images]
+    vocab = Vocab.from_dict(payload["vocab"]) if payload is not None else build_vocab(train_records, cfg.data.min_count)
+
+    seed_everything(t.seed)  # identical initial weights on every rank
+    model = build_model(cfg, vocab).to(device)
+    hard = model.attention_kind == "hard"
+    from_images = cfg.model.encoder.finetune_blocks > 0 or not cfg.data.use_cache
+    train_set, val_loss_set, val_decode_set = _make_datasets(cfg, model, vocab, train_records, val_records,
+                                                             from_images, rank, world)
+    optimizer = _build_optimizer(cfg, model)
+    scheduler = _build_scheduler(cfg, optimizer)
+    progress = Progress(best={"metric": t.val_metric, "value": None, "epoch": 0})
+    # The training stream starts here, so it does not depend on whether feature extraction (which
+    # draws on the global RNG) just ran; each rank gets its own dropout masks and attention samples.
+    seed_everything(t.seed + rank)
+    if payload is not None:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        progress = Progress.from_payload(payload)
+        rng_states = payload["rng"]["ranks"]
+        _set_rng_state(rng_states[rank] if rank < len(rng_states) else rng_states[0])  # last: nothing draws after
+        log.info("resuming %s after epoch %d (step %d)", run_dir, progress.epoch, progress.step)
+
+    metrics_path = run_dir / METRICS_FILE
+    writer = None
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        vocab.save(run_dir / "vocab.json")
+        # A resumed run continues the log from the checkpoint's epoch: later lines (an epoch that
+        # finished after the checkpoint was written, or a crashed one) are dropped, never duplicated.
+        _write_metrics(metrics_path, _read_metrics(metrics_path, progress.epoch))
+        writer = _tensorboard(run_dir)
+
+    forward: nn.Module = _TrainForward(model, from_images)
+    if world > 1:
+        forward = nn.parallel.DistributedDataParallel(
+            forward, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=True)  # some attention variants leave parameters out of a step
+    use_amp = device.type == "cuda" and t.amp != "none"
+    if t.amp != "none" and not use_amp:
+        log.warning("train.amp=%s ignored: mixed precision runs on CUDA only", t.amp)
+
+    def amp():
+        return torch.autocast("cuda", dtype=AMP_DTYPES[t.amp]) if use_amp else nullcontext()
+
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and t.amp == "fp16")
+    num_workers = cfg.data.num_workers if from_images else 0  # cached grids: workers cost more than they save
+
+    for epoch in range(progress.epoch, t.epochs):
+        model.train()
+        loader = _loader(train_set, t.batch_size, epoch, t.seed, rank, world, shuffle=True,
+                         num_workers=num_workers, pin_memory=device.type == "cuda")
+        sums: dict[str, torch.Tensor] = {}
+        n_steps, skipped = 0, 0
+        epoch_start = time.monotonic()
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not is_main, mininterval=1.0,
+                   dynamic_ncols=True, leave=False)
+        for batch in bar:
+            res = _train_step(forward, batch.to(device), cfg, hard, progress, optimizer, scaler, amp, world)
+            if res is None:
+                skipped += 1
+                continue
+            n_steps += 1
+            for name, value in {**res.parts, "loss": res.loss.detach()}.items():
+                sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
+            if is_main and n_steps % t.log_every == 0:
+                bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items() if k in ("loss", "xe")})
+                if writer is not None:
+                    for name, value in res.parts.items():
+                        writer.add_scalar(f"train/{name}", float(value), progress.step)
+        bar.close()
+        scheduler.step()
+        train_time = time.monotonic() - epoch_start
+        progress.epoch = epoch + 1
+
+        # Rank 0 validates on the bare model (no collectives inside) while the others wait.
+        improved = stop = False
+        if is_main:
+            entry: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step}
+            entry.update({f"train_{k}": float(v) / max(n_steps, 1) for k, v in sums.items()})
+            entry.update({"skipped_steps": skipped, "baseline": progress.baseline,
+                          "lr": optimizer.param_groups[0]["lr"]})
+            entry.update(validate(model, cfg, val_loss_set, val_decode_set, device, from_images, amp))
+            entry.update({"train_time_s": round(train_time, 2), "time_s": round(time.monotonic() - epoch_start, 2),
+                          "items_per_s": round(len(loader.sampler) / max(train_time, 1e-9), 1)})
+            progress.history.append(entry)
+            value = entry.get(t.val_metric)
+            improved = value is not None and (progress.best["value"] is None or value > progress.best["value"])
+            if improved:
+                progress.best = {"metric": t.val_metric, "value": value, "epoch": epoch + 1}
+                progress.bad_epochs = 0
+            else:
+                progress.bad_epochs += 1
+            stop = (progress.bad_epochs >= t.patience
+                    or (t.time_budget_s > 0 and time.monotonic() - started > t.time_budget_s))
+            if writer is not None:
+                for k, v in entry.items():
+                    if isinstance(v, (int, float)) and k not in ("epoch", "step"):
+                        writer.add_scalar(f"epoch/{k}", v, epoch + 1)
+        rng = _gather_rng_states(world)  # a collective: every rank, every epoch
+        if is_main:
+            if not _all_finite(model):  # belt and braces: skipped steps should make this impossible
+                raise TrainingError(f"non-finite weights after epoch {epoch + 1}; not saving them")
+            ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "rng": {"ranks": rng}, "config": config_to_dict(cfg),
+                    "vocab": vocab.to_dict(), **progress.payload()}
+            save_checkpoint(run_dir / "last.pt", ckpt)
+            if improved:
+                save_checkpoint(run_dir / "best.pt", ckpt)
+            _write_metrics(metrics_path, _read_metrics(metrics_path, epoch) + [entry])
+            print(_summary(entry, t.val_metric, improved), flush=True)
+        if _broadcast_flag(stop, world, device):
+            if is_main:
+                log.info("stopping after epoch %d (%s)", epoch + 1,
+                         "patience" if progress.bad_epochs >= t.patience else "time budget")
+            break
+
+    if is_main and not (run_dir / "best.pt").exists() and (run_dir / "last.pt").exists():
+        # No epoch produced a score (e.g. a metric that is None everywhere): best is the last.
+        shutil.copyfile(run_dir / "last.pt", run_dir / "best.pt")
+    if os.environ.get(WEIGHTS_HASH_ENV):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / f"weights-rank{rank}.sha256").write_text(_weights_hash(model) + "\n")
+    if writer is not None:
+        writer.close()
+    _barrier(world)
+    return run_dir
+
+
+def _summary(entry: dict, metric: str, improved: bool) -> str:
+    def fmt(key: str) -> str:
+        value = entry.get(key)
+        return "-" if value is None else f"{value:.2f}"
+
+    return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
+            f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  ({entry['time_s']:.0f}s)"
+            + (f"  best {metric}" if improved else ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`captioner train --config X.yaml [--set k=v ...] [--resume RUN_DIR]`."""
+    parser = argparse.ArgumentParser(prog="captioner train", description=__doc__.split("\n")[0])
+    add_config_arguments(parser)
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
+                             "when --config is not given; --set still applies)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from captioner.checkpoint import CheckpointError
+
+    try:
+        config_path = args.config
+        if config_path is None and args.resume is not None and Path(args.resume).is_dir():
+            config_path = Path(args.resume) / "config.yaml"
+        cfg = load_config(config_path, args.overrides)
+        run_dir = train(cfg, resume=args.resume)
+    except (ConfigError, DataError, TrainingError, CheckpointError) as err:
+        print(f"captioner train: error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""`captioner demo`, `evaluate` and `caption` end to end on the smoke config (tiny, seconds)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captioner.cli import main as cli
+
+SMOKE = str(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    run_dir = root / "run"
+    code = cli(["demo", "--config", SMOKE, "--run-dir", str(run_dir), "--n-captions", "2", "--no-meteor",
+                "--set", f"data.root={root / 'data'}", "--set", "train.epochs=1"])
+    assert code == 0
+    return root, run_dir
+
+
+@pytest.mark.slow
+def test_demo_writes_checkpoint_summary_and_overlays(demo_run, capsys):
+    root, run_dir = demo_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["test"]["scores"]) >= {"BLEU-4", "CIDEr-D", "ROUGE-L"}
+    assert summary["test"]["split"] == "test"
+    overlays = sorted((run_dir / "overlays").glob("*.png"))
+    assert len(overlays) == 2 and all(p.stat().st_size > 1000 for p in overlays)
+    assert (run_dir / "best.pt").exists() and (run_dir / "metrics.jsonl").exists()
+    # a second run reuses the finished training instead of training again
+    mtime = (run_dir / "best.pt").stat().st_mtime_ns
+    assert cli(["demo", "--config", SMOKE, "--run-dir", str(run_dir), "--n-captions", "1", "--no-meteor",
+                "--set", f"data.root={root / 'data'}", "--set", "train.epochs=1"]) == 0
+    assert (run_dir / "best.pt").stat().st_mtime_ns == mtime
+    assert "reusing" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_evaluate_json(demo_run, capsys):
+    _, run_dir = demo_run
+    capsys.readouterr()
+    assert cli(["evaluate", "--checkpoint", str(run_dir), "--split", "val", "--beam", "2", "--no-meteor",
+                "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split"] == "val" and result["beam_size"] == 2 and result["attention_mode"] == "soft"
+    assert result["scores"]["METEOR"] is None  # skipped, reported as unavailable rather than 0
+    for name in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
+        assert 0.0 <= result["scores"][name] <= 100.0 or name == "CIDEr-D"
+    assert result["grounding"] is None or 0.0 <= result["grounding"] <= 1.0
+
+
+@pytest.mark.slow
+def test_caption_cli_writes_overlays_and_json(demo_run, tmp_path, capsys):
+    root, run_dir = demo_run
+    images = sorted((root / "data" / "images").glob("*.png"))[:3]
+    out_dir = tmp_path / "overlays"
+    capsys.readouterr()
+    code = cli(["caption", *map(str, images), "--checkpoint", str(run_dir), "--beam", "2", "--n-best", "2",
+                "--attention-out", str(out_dir), "--gif", "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["image"] for r in doc["results"]] == list(map(str, images))
+    assert doc["failed"] == []
+    for r in doc["results"]:
+        assert len(r["n_best"]) == 2 and r["grid_hw"] and Path(r["overlay"]).exists()
+    assert len(list(out_dir.glob("*.gif"))) == 3
