@@ -354,19 +354,6 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
 # --------------------------------------------------------------------------- metrics log
 
 
-def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
-    """The log's lines for epochs <= ``upto_epoch`` (a resumed run rewrites the rest)."""
-    if not path.exists():
-        return []
-    kept = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            if entry.get("epoch", 0) <= upto_epoch:
-                kept.append(entry)
-    return kept
-
-
 def _write_metrics(path: Path, entries: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
@@ -509,9 +496,10 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         vocab.save(run_dir / "vocab.json")
-        # A resumed run continues the log from the checkpoint's epoch: later lines (an epoch that
-        # finished after the checkpoint was written, or a crashed one) are dropped, never duplicated.
-        _write_metrics(metrics_path, _read_metrics(metrics_path, progress.epoch))
+        # The checkpoint's history is the log's source of truth: a resumed run rewrites the log from
+        # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
+        # duplicated, and an epoch checkpointed but not yet logged is not lost.
+        _write_metrics(metrics_path, progress.history)
         writer = _tensorboard(run_dir)
 
     forward: nn.Module = _TrainForward(model, from_images)
@@ -590,7 +578,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             save_checkpoint(run_dir / "last.pt", ckpt)
             if improved:
                 save_checkpoint(run_dir / "best.pt", ckpt)
-            _write_metrics(metrics_path, _read_metrics(metrics_path, epoch) + [entry])
+            _write_metrics(metrics_path, progress.history)
             print(_summary(entry, t.val_metric, improved), flush=True)
         if _broadcast_flag(stop, world, device):
             if is_main:
