@@ -23,6 +23,12 @@ Conventions shared by all three searches:
 - `alphas[i]` is the attention map returned by the step call that produced word i.
 - Log-probabilities are assumed <= 0 (log-softmaxed), which the beam search's early stop
   relies on.
+- State tensors are never modified in place by the step function (it returns new tensors).
+  Beam search relies on it: a state tensor the step function hands back as the very same
+  object (e.g. the decoder's attention memory, (B*K, L, D)) still holds K identical rows per
+  image, so reordering beams inside an image leaves it unchanged and it is not copied.
+  With `expand`, a step function may even keep such tensors at one row per image (B rows
+  while the others have B*K): beam search then never copies or reorders them.
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ def map_state(state: State, fn: Callable[[Tensor], Tensor]) -> State:
     if isinstance(state, (tuple, list)):
         return type(state)(map_state(s, fn) for s in state)
     raise TypeError(f"search state must be a tensor or a (nested) tuple/list of tensors, got {type(state).__name__}")
+
+
+def _leaves(state: State) -> list[Tensor]:
+    found: list[Tensor] = []
+    map_state(state, lambda x: found.append(x) or x)
+    return found
 
 
 def _check_state_rows(state: State, rows: int) -> None:
@@ -239,6 +251,7 @@ def beam_search(
     *,
     min_length: int = 0,
     forbid_ids: Sequence[int] = (),
+    expand: Callable[[State, int], State] | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns B lists of up to `n_best` hypotheses, best `norm_score` first.
 
@@ -251,6 +264,10 @@ def beam_search(
     Beams still running after `max_length` calls join the ranking as unfinished; the list
     is filled to `n_best` whenever that many hypotheses with a finite score exist, and is
     never empty.
+
+    `expand(state, K)` gives each image its K rows (default: every tensor repeat_interleaved).
+    A tensor it leaves at B rows is per-image data the step function reads for all K beams
+    (e.g. the decoder's attention memory, see ShowAttendTellDecoder.expand_state).
     """
     _check_args(batch_size, max_length, min_length)
     if beam_size < 1 or n_best < 1:
@@ -260,7 +277,17 @@ def beam_search(
     K = beam_size
     active = list(range(batch_size))  # original image index of each image still in the batch
     B = batch_size
-    state = map_state(state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
+    if expand is None:
+        state = map_state(state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
+    else:
+        state = expand(state, K)  # (B*K, ...) rows, or (B, ...) per-image tensors
+        bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
+        if bad:
+            raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
+    # Tensors whose K rows per image are identical (just expanded, never replaced by the step
+    # function): id -> tensor, the reference keeps the id from being reused.
+    invariant: dict[int, Tensor] = {}
+    map_state(state, lambda x: invariant.setdefault(id(x), x))
     device = _state_device(state)
     tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)
     # only beam 0 is live at first: the K copies are identical and would all pick the same words
@@ -278,7 +305,7 @@ def beam_search(
 
     def _unfinished(i: int, n_words: int) -> list[Hypothesis]:
         """Hypotheses of the not-finished slots of local image i (reads the loop's current tensors)."""
-        rows = [i * K + k for k in range(K)]
+        rows = slice(i * K, (i + 1) * K)  # a view: no gather kernels per image
         row_scores, row_finished = scores[rows].tolist(), finished[rows].tolist()
         words = hist_words[rows].cpu()  # (K, n_words)
         alphas = hist_alpha[rows].float().cpu() if use_alpha and hist_alpha is not None else None  # (K, n_words, L)
@@ -296,14 +323,17 @@ def beam_search(
 
     for t in range(max_length):
         N = B * K
-        log_probs, alpha, state = _step(step_fn, tokens, state, N, _banned(t, end_id, min_length, forbid_ids))
+        banned = _banned(t, end_id, min_length, forbid_ids)
+        log_probs, alpha, state = _step(step_fn, tokens, state, N, banned)
+        own = bool(banned)  # _step returned a copy: it may be updated in place (saves (N, V) passes)
         V = log_probs.size(1)
         if frozen_row is None:
             frozen_row = torch.full((V,), -math.inf, device=log_probs.device)
             frozen_row[end_id] = 0.0
             scores, finished, hist_words = scores.to(log_probs.device), finished.to(log_probs.device), hist_words.to(log_probs.device)
-        log_probs = torch.where(finished[:, None], frozen_row, log_probs)  # (N, V)
-        cand = (scores[:, None] + log_probs).view(B, K * V)  # (B, K*V)
+        if bool(finished.any()):
+            log_probs, own = torch.where(finished[:, None], frozen_row, log_probs), True  # (N, V)
+        cand = (log_probs.add_(scores[:, None]) if own else scores[:, None] + log_probs).view(B, K * V)  # (B, K*V)
         top_scores, top_idx = cand.topk(K, dim=1)  # (B, K)
         parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
         word = (top_idx % V).view(N)  # (N,)
@@ -317,7 +347,10 @@ def beam_search(
             # the alpha that produced word t is the parent's alpha at this step
             a = alpha.detach().index_select(0, parent)[:, None]  # (N, 1, L)
             hist_alpha = a if hist_alpha is None else torch.cat([hist_alpha.index_select(0, parent), a], 1)
-        state = map_state(state, lambda x: x.index_select(0, parent))
+        # parents always lie in their child's image block, so beam-invariant tensors need no copy
+        # per-image tensors (B rows) are never reordered either
+        state = map_state(state, lambda x: x if invariant.get(id(x)) is x or x.size(0) != N else x.index_select(0, parent))
+        invariant = {id(x): x for x in _leaves(state) if invariant.get(id(x)) is x}  # drop replaced ones
         tokens = word
         steps = t + 1
 
@@ -361,13 +394,22 @@ def beam_search(
         if not keep:
             break
         # drop finished images' rows so later steps only pay for images still searching
-        keep_rows = (torch.tensor(keep, device=scores.device)[:, None] * K + torch.arange(K, device=scores.device)).view(-1)
+        keep_images = torch.tensor(keep, device=scores.device)  # (B',)
+        keep_rows = (keep_images[:, None] * K + torch.arange(K, device=scores.device)).view(-1)  # (B'*K,)
         active = [active[i] for i in keep]
         B = len(active)
         scores, finished, tokens = scores[keep_rows], finished[keep_rows], tokens[keep_rows]
         hist_words = hist_words[keep_rows]
         hist_alpha = hist_alpha[keep_rows] if hist_alpha is not None else None
-        state = map_state(state, lambda x: x.index_select(0, keep_rows.to(x.device)))
+
+        def select_kept(x: Tensor) -> Tensor:
+            index = keep_rows if x.size(0) == N else keep_images  # rows, or per-image tensors
+            kept = x.index_select(0, index.to(x.device))  # whole images: still beam-invariant
+            if invariant.pop(id(x), None) is x:
+                invariant[id(kept)] = kept
+            return kept
+
+        state = map_state(state, select_kept)
 
     # images still searching after max_length calls: live beams compete as unfinished captions
     for i, b in enumerate(active):

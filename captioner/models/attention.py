@@ -17,7 +17,9 @@ MultiHeadAttention (M heads over subspaces, concatenated and projected), and Sel
 (optional transformer-style refinement of the grid before decoding).
 
 prepare(grid) runs once per image and returns `memory`, a tuple of tensors whose dim 0 is B, so
-search can reorder it with index_select; forward(query, memory, mode) runs once per word.
+search can reorder it with index_select; forward(query, memory, mode) runs once per word. Modules
+with grouped_queries also take G consecutive query rows per memory row (beam search's beams of one
+image): query (B*G, Q) against memory (B, ...), without copying the memory G times.
 """
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ def read_context(scores: Tensor, values: Tensor, mode: str,
                  entropy: bool = True) -> AttentionOutput:
     """Read a context from `values` (N, L, Dv) under alpha = softmax(scores (N, L)) in `mode`.
 
+    `values` may also be (N / G, L, Dv): G consecutive score rows share one values row (beam
+    search's K beams of an image), read once per step by one (G, L) @ (L, Dv) matmul.
+
     expectation_mask (N,) bool, only used by "sample"/"argmax": rows where True read the
     expectation instead and get log_prob 0 (the variance-reduction trick of §4.1, where with
     probability 0.5 the expected context replaces the sampled one).
@@ -80,18 +85,19 @@ def read_context(scores: Tensor, values: Tensor, mode: str,
     if entropy:
         # Clamp keeps 0 * log 0 at 0 should a score be -inf.
         ent = -(alpha * log_alpha.clamp(min=torch.finfo(log_alpha.dtype).min)).sum(-1)  # (N,)
+    M, L, Dv = values.shape
     if not hard:
-        context = torch.bmm(alpha.unsqueeze(1), values).squeeze(1)  # (N, 1, L) @ (N, L, Dv) -> (N, Dv)
+        context = torch.bmm(alpha.view(M, -1, L), values).view(-1, Dv)  # (M, G, L) @ (M, L, Dv) -> (N, Dv)
         return AttentionOutput(context, alpha, None, ent, None)
     if mode == "sample":
         index = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (N,)
     else:
         index = log_alpha.argmax(dim=-1)  # (N,)
-    rows = torch.arange(values.shape[0], device=values.device)
+    rows = torch.arange(alpha.shape[0], device=values.device) // (alpha.shape[0] // M)  # (N,) values row
     context = values[rows, index]  # (N, Dv)
     log_prob = log_alpha.gather(1, index.unsqueeze(1)).squeeze(1)  # (N,)
     if expectation_mask is not None:
-        soft = torch.bmm(alpha.unsqueeze(1), values).squeeze(1)  # (N, Dv)
+        soft = torch.bmm(alpha.view(M, -1, L), values).view(-1, Dv)  # (N, Dv)
         context = torch.where(expectation_mask.unsqueeze(1), soft, context)
         log_prob = log_prob.masked_fill(expectation_mask, 0.0)
         index = index.masked_fill(expectation_mask, -1)
@@ -110,6 +116,8 @@ class SoftAttention(nn.Module):
 
     # Whether the decoder should honour stochastic modes (only "hard" is trained that way).
     stochastic = False
+    # Whether forward accepts G queries per memory row (query (B*G, Q), memory (B, ...)).
+    grouped_queries = True
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
         super().__init__()
@@ -152,6 +160,7 @@ class KeyValueAttention(nn.Module):
     """
 
     stochastic = False
+    grouped_queries = True
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
                  value_dim: int | None = None) -> None:
@@ -191,6 +200,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     stochastic = False
+    grouped_queries = False  # its memory must have one row per query
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
                  heads: int = 8) -> None:

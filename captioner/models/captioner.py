@@ -117,8 +117,9 @@ class Captioner(nn.Module):
                       max_length=max_length, forbid_ids=(self.vocab.pad_id, self.vocab.start_id))
         if beam_size == 1 and n_best == 1:
             return greedy_search(step_fn, state, min_length=min_length, **common)
+        # expand_state keeps the attention memory at one row per image: beams share it, never copy it
         return beam_search(step_fn, state, beam_size=beam_size, length_penalty=length_penalty,
-                           n_best=n_best, min_length=min_length, **common)
+                           n_best=n_best, min_length=min_length, expand=self.decoder.expand_state, **common)
 
     @torch.no_grad()
     def caption(

@@ -9,7 +9,11 @@
 Efficiency (this is the training hot loop): the attention keys are projected once per batch
 (attention.prepare), the word embeddings of all steps are computed before the loop, and the
 deep output is applied after the loop to all steps at once (one big L_o matmul instead of T
-small ones). Captions are sorted by length so the recurrence runs only the captions still
+small ones). The LSTM's input matmul is split the same way: its word-embedding part (plus both
+biases) runs for all steps in one matmul before the loop; each step adds beta_t z_t and h_{t-1}
+times their weights (two addmm on weight views, no copies) and does the cell's elementwise math
+(nn.LSTMCell's parameters and gate order i, f, g, o; step() runs the same code).
+Captions are sorted by length so the recurrence runs only the captions still
 going at each step (the active batch shrinks); results are un-sorted before the output layer.
 
 step() runs one word for N (image, partial caption) states for search; it reproduces the
@@ -103,19 +107,47 @@ class ShowAttendTellDecoder(nn.Module):
         mean = grid.mean(dim=1)  # (B, D)
         return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
 
-    def _recur(self, emb: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
-               expectation_mask: Tensor | None = None):
-        """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read)."""
+    def expand_state(self, state: tuple[Tensor, ...], beams: int) -> tuple[Tensor, ...]:
+        """`beams` consecutive rows per image for beam search (its `expand`): h and c are repeated;
+        the attention memory stays at one row per image when the attention reads it for a group of
+        queries (then it is neither copied nor reordered: beams never leave their image)."""
+        h, c, *memory = state
+        if not self.attention.grouped_queries:
+            memory = [m.repeat_interleave(beams, dim=0) for m in memory]  # (B*K, ...)
+        return (h.repeat_interleave(beams, dim=0), c.repeat_interleave(beams, dim=0), *memory)
+
+    def _lstm_weights(self, emb: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """Split nn.LSTMCell for the loop: the word part of the gates, emb (..., E) -> (..., 4H), and
+        the per-step weights (views): context (Z, 4H) and recurrent (H, 4H)."""
+        E = self.embedding.embedding_dim
+        weight_ih = self.lstm.weight_ih  # (4H, E + Z): the input is [E y; beta z]
+        word_gates = F.linear(emb, weight_ih[:, :E], self.lstm.bias_ih + self.lstm.bias_hh)  # (..., 4H)
+        return word_gates, (weight_ih[:, E:].t(), self.lstm.weight_hh.t())
+
+    def _recur(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
+               step_weights: tuple[Tensor, Tensor], expectation_mask: Tensor | None = None):
+        """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read).
+
+        word_gates (N, 4H) is the embedding's share of the LSTM gates (see _lstm_weights).
+        """
         read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic)
         z = read.context  # (N, Z)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
-        h, c = self.lstm(torch.cat([emb, z], dim=1), (h, c))  # (N, H)
+        w_context, w_hidden = step_weights
+        # The second addmm accumulates in place into the first one's fresh output (autograd allows
+        # it: addmm's backward does not need its output); word_gates itself may be a view.
+        gates = torch.addmm(word_gates, z, w_context).addmm_(h, w_hidden)  # (N, 4H), order i, f, g, o
+        H = h.shape[1]
+        sig = torch.sigmoid(gates)  # (N, 4H): one kernel for i, f, o (the g quarter is unused)
+        c = torch.addcmul(sig[:, H:2 * H] * c, sig[:, :H], torch.tanh(gates[:, 2 * H:3 * H]))  # (N, H)
+        h = sig[:, 3 * H:] * torch.tanh(c)  # (N, H)
         return h, c, z, read
 
     def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
         """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t), on any leading shape."""
-        return self.out(self.dropout(emb + self.out_h(h) + self.out_z(z)))
+        # Sums in place into the fresh L_h output (no temporaries of the full (B, T-1, E) size).
+        return self.out(self.dropout(self.out_h(h).add_(self.out_z(z)).add_(emb)))
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None) -> DecoderOutput:
@@ -145,11 +177,12 @@ class ShowAttendTellDecoder(nn.Module):
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
         grid_s = grid.index_select(0, order)  # (B, L, D)
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
+        word_gates, step_weights = self._lstm_weights(emb_s)  # (B, T-1, 4H) for all steps at once
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
         h, c, *memory = self.init_state(grid_s)
 
         # unbind, not emb_s[:, t]: a slice per step would cost a full-size zero gradient per step.
-        emb_steps = emb_s.unbind(1)  # T-1 x (B, E)
+        gate_steps = word_gates.unbind(1)  # T-1 x (B, 4H)
         # Per-step results are kept packed (time-major, active rows only) and scattered into
         # (B, T-1, *) once after the loop: no per-step padding kernels.
         hs, zs, alphas, log_probs, entropies = [], [], [], [], []
@@ -161,8 +194,8 @@ class ShowAttendTellDecoder(nn.Module):
                 memory = [m[:n] for m in memory]
                 if mask_s is not None:
                     mask_s = mask_s[:n]
-            emb_t = emb_steps[t] if n == B else emb_steps[t][:n]  # (n, E)
-            h, c, z, read = self._recur(emb_t, h, c, memory, mode, mask_s)
+            gates_t = gate_steps[t] if n == B else gate_steps[t][:n]  # (n, 4H)
+            h, c, z, read = self._recur(gates_t, h, c, memory, mode, step_weights, mask_s)
             hs.append(h)
             zs.append(z)
             alphas.append(read.alpha)
@@ -192,10 +225,14 @@ class ShowAttendTellDecoder(nn.Module):
 
     def step(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft"
              ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-        """One word for N states: tokens (N,) -> (log_probs (N, V), alpha (N, L), new state)."""
+        """One word for N states: tokens (N,) -> (log_probs (N, V), alpha (N, L), new state).
+
+        The attention memory in `state` may hold N / G rows (one per image, see expand_state).
+        """
         mode = self._mode(attention_mode)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
-        h, c, z, read = self._recur(emb, h, c, memory, mode)
+        word_gates, step_weights = self._lstm_weights(emb)  # (N, 4H)
+        h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights)
         log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
         return log_probs, read.alpha, (h, c, *memory)

@@ -5,6 +5,9 @@ image instead of once per word:
     prepared = scorer.prepare(keys)        keys (B, L, D) -> tensor (B, L, *), run once
     scores   = scorer(query, prepared)     query (B, Q)   -> scores (B, L), run every step
 `prepared` is always one tensor whose dim 0 is B, so beam search can reorder it.
+The query may also hold G >= 1 consecutive rows per prepared row, query (B*G, Q): row n is
+scored against prepared row n // G (beam search's K beams of one image share its keys, which
+are then neither copied K times nor read K times per step).
 
 additive    v^T tanh(W a + U h)          (Bahdanau et al. 2015; the paper's f_att)
 dot         a^T P h                      (P = identity when D == Q, else a learned projection)
@@ -39,9 +42,22 @@ class AdditiveScorer(nn.Module):
     def prepare(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (B, L, A)
 
+    # Without autograd, (B, G, L, A) is built a few images at a time: each chunk's sum, tanh and
+    # v stay in cache instead of streaming a fresh buffer of up to 64 MB (beam 5 at 14x14) per word.
+    chunk_bytes = 2 ** 21
+
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
-        hidden = torch.tanh(prepared + self.query_proj(query).unsqueeze(1))  # (B, L, A)
-        return self.v(hidden).squeeze(-1)  # (B, L)
+        B, L, A = prepared.shape
+        q = self.query_proj(query).view(B, -1, 1, A)  # (B, G, 1, A)
+        if torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad):
+            # tanh in place on the fresh sum: one (B, G, L, A) buffer instead of two (autograd
+            # allows it: the sum's backward does not need its output).
+            hidden = torch.tanh_(prepared.unsqueeze(1) + q)  # (B, G, L, A)
+            return self.v(hidden).view(-1, L)  # (B*G, L)
+        step = max(1, self.chunk_bytes // (q.shape[1] * L * A * prepared.element_size()))  # images per chunk
+        scores = [self.v(torch.tanh_(p.unsqueeze(1) + qc)).view(-1, L)  # (b*G, L)
+                  for p, qc in zip(prepared.split(step), q.split(step))]
+        return torch.cat(scores) if len(scores) > 1 else scores[0]  # (B*G, L)
 
 
 class DotScorer(nn.Module):
@@ -65,8 +81,10 @@ class DotScorer(nn.Module):
         return keys  # (B, L, D): nothing to precompute
 
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
-        q = self.query_proj(query) * self.scale  # (B, D)
-        return torch.bmm(prepared, q.unsqueeze(-1)).squeeze(-1)  # (B, L, D) @ (B, D, 1) -> (B, L)
+        B, L, D = prepared.shape
+        q = (self.query_proj(query) * self.scale).view(B, -1, D)  # (B, G, D)
+        scores = torch.bmm(prepared, q.transpose(1, 2))  # (B, L, D) @ (B, D, G) -> (B, L, G)
+        return scores.transpose(1, 2).reshape(-1, L)  # (B*G, L)
 
 
 class ScaledDotScorer(DotScorer):
@@ -94,7 +112,9 @@ class BilinearScorer(nn.Module):
         return keys @ self.weight  # (B, L, D) @ (D, Q) -> (B, L, Q)
 
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
-        return torch.bmm(prepared, query.unsqueeze(-1)).squeeze(-1)  # (B, L, Q) @ (B, Q, 1) -> (B, L)
+        B, L, Q = prepared.shape
+        scores = torch.bmm(prepared, query.view(B, -1, Q).transpose(1, 2))  # (B, L, Q) @ (B, Q, G) -> (B, L, G)
+        return scores.transpose(1, 2).reshape(-1, L)  # (B*G, L)
 
 
 SCORERS: dict[str, type[nn.Module]] = {

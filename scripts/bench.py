@@ -1,0 +1,402 @@
+"""Benchmarks of the captioner's hot paths. Run: `python scripts/bench.py [--json] [--only train,decode,extract]`.
+
+train / decode: the Show-Attend-Tell decoder (Xu et al. 2015 Eq. (1)-(7)) at two reference configurations,
+R7 (grid 7x7, D 1280: EfficientNet-Lite0 at 224) and R14 (14x14, D 2048: ResNet-101), batch 32, sizes 512,
+V 10,000, captions of 22 tokens, additive scorer; soft attention, and hard attention in "sample" mode.
+Training = forward + backward + Adam step, each configuration in a fresh process so its peak RSS is its own;
+decoding = greedy and beam 3 / 5 over 32 images together, exactly 20 steps (<end> masked). matmul_gflops (a
+float32 512x2048 @ 2048x2048 mm, same run and threads) turns the model's useful FLOPs into a fraction.
+
+extract: images per second from JPEG files on disk to cached backbone grids (the feature cache of
+captioner/data/features.py, Xu et al. 2015 Sec. 3.1.1 annotation vectors), the optimised path
+(DataLoader workers decoding in parallel, channels_last, inference_mode) against plain eager float32 NCHW
+inference that decodes images one by one in the main process. Both use 2 intra-op threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Set before torch starts OpenMP (workers inherit it). On these shared cores, threads that spin
+# while a sibling is descheduled stretch every op to a scheduler tick: soft training at R7 measured
+# 9.5 s/step with the default (active) waiting under load, 1.0 s passive, 0.9 s with one thread.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable from a checkout without install
+
+
+def _write_jpegs(folder: Path, n: int, size: int = 224, seed: int = 0) -> list:
+    from PIL import Image
+
+    from captioner.data.datasets import ImageRecord
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(n):
+        path = folder / f"{i:04d}.jpg"
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path, quality=90)
+        records.append(ImageRecord(image_id=str(i), path=path, captions=[], raw=[], objects=[]))
+    return records
+
+
+def bench_extract(n_images: int = 64, batch_size: int = 32, num_workers: int = 2, threads: int = 2,
+                  encoder_name: str = "efficientnet_lite0", amp: bool = False, repeats: int = 2) -> dict:
+    """Images/s to the feature cache: optimised extract_features vs a plain serial float32 NCHW loop.
+
+    The two alternate ``repeats`` times and the best time of each counts (a shared machine is noisy).
+    Keys: extract_img_per_s, extract_plain_img_per_s, extract_speedup, extract_with_setup_img_per_s (the
+    once-per-cache fingerprint hashing and file creation included), extract_max_abs_diff (fp16 cache vs plain
+    float32), and with ``amp`` extract_amp_img_per_s / extract_amp_rel_err (bf16 on CPU, fp16 on CUDA).
+    """
+    from captioner.data.features import extract_features
+    from captioner.data.images import load_image
+    from captioner.models.encoder import build_encoder
+
+    torch.set_num_threads(threads)
+    plain, fast = build_encoder(encoder_name).eval(), build_encoder(encoder_name)
+    times: dict[str, list[float]] = {"plain": [], "fast": [], "setup": [], "amp": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        records = _write_jpegs(tmp, n_images)
+        ids = [r.image_id for r in records]
+        for rep in range(repeats):
+            # plain: what a first script does: decode serially in this process, NCHW float32, eager, no_grad
+            start = time.perf_counter()
+            plain_rows = []
+            with torch.no_grad():
+                for i in range(0, n_images, batch_size):
+                    x = torch.stack([plain.transform(load_image(r.path)) for r in records[i:i + batch_size]])
+                    plain_rows.append(plain.backbone_features(x).half().numpy())  # (B, L, D)
+            times["plain"].append(time.perf_counter() - start)
+            reference = np.concatenate(plain_rows).astype(np.float32)  # (N, L, D)
+
+            start = time.perf_counter()
+            cache = extract_features(fast, records, tmp / f"cache{rep}", batch_size=batch_size,
+                                     num_workers=num_workers, progress=False)
+            times["setup"].append(time.perf_counter() - start)
+            # the loop (DataLoader worker start-up included), without the once-per-cache set-up that the
+            # plain loop does not do at all
+            times["fast"].append(cache.stats["seconds"])
+            max_diff = float(np.abs(cache.get_batch(ids).astype(np.float32) - reference).max())
+            if amp:  # reduced precision: a separate, opt-in number
+                cache = extract_features(fast, records, tmp / f"cache_amp{rep}", batch_size=batch_size,
+                                         num_workers=num_workers, progress=False, amp=True)
+                times["amp"].append(cache.stats["seconds"])
+                amp_err = float(np.abs(cache.get_batch(ids).astype(np.float32) - reference).mean()
+                                / np.abs(reference).mean())
+    best = {k: min(v) for k, v in times.items() if v}
+    result = {"extract_img_per_s": n_images / best["fast"], "extract_plain_img_per_s": n_images / best["plain"],
+              "extract_speedup": best["plain"] / best["fast"],
+              "extract_with_setup_img_per_s": n_images / best["setup"], "extract_max_abs_diff": max_diff}
+    if amp:
+        result.update(extract_amp_img_per_s=n_images / best["amp"], extract_amp_rel_err=amp_err)
+    result.update(n_images=n_images, threads=threads, num_workers=num_workers, repeats=repeats,
+                  encoder=encoder_name)
+    return result
+
+
+
+# ---------------------------------------------------------------------------------------
+# decoder training and decoding (perf engineer): two reference configurations, synthetic inputs
+
+# Reference configurations of the performance issue: R7 = EfficientNet-Lite0 at 224 (grid 7x7, D 1280),
+# R14 = ResNet-101 as the popular PyTorch port uses it (grid 14x14, D 2048).
+CONFIGS = {
+    "R7": dict(grid=7, feature_dim=1280),
+    "R14": dict(grid=14, feature_dim=2048),
+}
+# Shared by both configurations (the issue's sizes); --quick replaces them with tiny ones for tests.
+SIZES = dict(batch=32, embed_dim=512, attention_dim=512, hidden_dim=512, vocab=10_000, tokens=22,
+             decode_length=20, train_steps=4, warmup_steps=1, decode_repeats=2)
+QUICK = dict(batch=4, embed_dim=16, attention_dim=16, hidden_dim=16, vocab=50, tokens=6,
+             decode_length=4, train_steps=2, warmup_steps=1, decode_repeats=1, grid=2, feature_dim=24)
+
+
+def _sizes(config: str, quick: bool) -> dict:
+    if config not in CONFIGS:
+        raise ValueError(f"unknown configuration {config!r}; valid: {', '.join(CONFIGS)}")
+    return {**SIZES, **CONFIGS[config], **(QUICK if quick else {})}
+
+
+def _build_decoder(s: dict, attention: str, device: str):
+    from captioner.models.decoder import ShowAttendTellDecoder
+
+    torch.manual_seed(0)
+    return ShowAttendTellDecoder(s["vocab"], s["feature_dim"], embed_dim=s["embed_dim"], hidden_dim=s["hidden_dim"],
+                                 attention_dim=s["attention_dim"], scorer="additive", attention=attention,
+                                 dropout=0.5).to(device)
+
+
+def _synthetic_batch(s: dict, device: str, seed: int = 0):
+    """Grid (B, L, D) and captions (B, T) <start> w_1 .. w_{T-2} <end>: every caption has T tokens."""
+    g = torch.Generator().manual_seed(seed)
+    B, L, T = s["batch"], s["grid"] ** 2, s["tokens"]
+    grid = torch.randn(B, L, s["feature_dim"], generator=g)  # (B, L, D)
+    captions = torch.randint(4, s["vocab"], (B, T), generator=g)  # (B, T); ids 0-3 are specials
+    captions[:, 0], captions[:, -1] = 1, 2  # <start>, <end>
+    lengths = torch.full((B,), T)
+    return grid.to(device), captions.to(device), lengths.to(device)
+
+
+def caption_train_flops(decoder: torch.nn.Module, grid_locations: int, steps: int, soft: bool = True) -> float:
+    """Useful FLOPs to train on one caption (forward + backward = 3x forward), counted from the model's shapes.
+
+    Linear and LSTMCell modules cost 2 * in * out per row. Once per image (the keys are projected once, not
+    per word): f_init,h / f_init,c (one row) and the scorer's key projection (L rows). Per word: every other
+    Linear and the LSTMCell (one row), the scorer's v (L rows), and for soft attention the context
+    sum_i alpha_i a_i (2 * L * D). Elementwise ops (tanh, softmax, gates) are not counted.
+    """
+    per_image_rows = {"init_h.0": 1, "init_c.0": 1, "attention.scorer.key_proj": grid_locations}
+    per_step_rows = {"attention.scorer.v": grid_locations}
+    per_image = per_step = 0.0
+    for name, module in decoder.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            flops = 2.0 * module.in_features * module.out_features
+        elif isinstance(module, torch.nn.LSTMCell):
+            flops = 2.0 * (module.input_size + module.hidden_size) * 4 * module.hidden_size
+        else:
+            continue
+        if name in per_image_rows:
+            per_image += flops * per_image_rows[name]
+        else:
+            per_step += flops * per_step_rows.get(name, 1)
+    if soft:
+        per_step += 2.0 * grid_locations * decoder.attention.out_dim  # (1, L) @ (L, D)
+    return 3.0 * (per_image + steps * per_step)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _train_worker(config: str, attentions: list[str], quick: bool, device: str, threads: int, amp: bool) -> dict:
+    """Timed training steps (forward + backward + Adam) of one configuration; run in a fresh process.
+
+    With several attention kinds their steps alternate (soft, hard, soft, ...), so their time ratio
+    is measured under the same machine load; the peak RSS is then the sum of both models, so it is
+    reported only for a single kind. Returns {kind: {...}}.
+    """
+    import resource
+    import statistics
+
+    from captioner.losses import hard_attention_loss, soft_attention_loss
+
+    torch.set_num_threads(threads)
+    s = _sizes(config, quick)
+    grid, captions, lengths = _synthetic_batch(s, device)
+    targets = captions[:, 1:]  # (B, T-1)
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=amp)
+    models = {}
+    for kind in attentions:
+        decoder = _build_decoder(s, kind, device).train()
+        models[kind] = (decoder, torch.optim.Adam(decoder.parameters(), lr=1e-4))
+    times: dict[str, list[float]] = {kind: [] for kind in attentions}
+    for i in range(s["warmup_steps"] + s["train_steps"]):
+        for kind, (decoder, optimizer) in models.items():
+            _sync(device)
+            start = time.perf_counter()
+            with autocast:
+                if kind == "hard":  # REINFORCE in "sample" mode; a fixed baseline keeps every step's work equal
+                    out = decoder(grid, captions, lengths, attention_mode="sample")
+                    loss = hard_attention_loss(out, targets, baseline=0.0).loss
+                else:
+                    loss = soft_attention_loss(decoder(grid, captions, lengths), targets).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            _sync(device)
+            if i >= s["warmup_steps"]:
+                times[kind].append(time.perf_counter() - start)
+    result = {}
+    for kind, (decoder, _) in models.items():
+        step_s = statistics.median(times[kind])
+        flops = caption_train_flops(decoder, s["grid"] ** 2, s["tokens"] - 1, soft=kind != "hard")
+        result[kind] = {"train_caps_per_s": s["batch"] / step_s, "train_step_s": step_s,
+                        "train_useful_gflop_per_caption": flops / 1e9}
+        if len(models) == 1:
+            result[kind]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            if device.startswith("cuda"):
+                result[kind]["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if "hard" in times and "soft" in times:
+        ratios = [h / s for h, s in zip(times["hard"], times["soft"])]  # paired: same moment, same load
+        result["hard"]["hard_soft_time_ratio"] = statistics.median(ratios)
+    return result
+
+
+def bench_train_one(config: str, attentions: tuple[str, ...] = ("soft",), quick: bool = False, device: str = "cpu",
+                    threads: int = 2, amp: bool = False) -> dict:
+    """Run _train_worker in a fresh interpreter so its peak RSS is this configuration's alone."""
+    spec = json.dumps(dict(config=config, attentions=list(attentions), quick=quick, device=device,
+                           threads=threads, amp=amp))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--train-worker", spec],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training worker for {config}/{attentions} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", threads: int = 2,
+                     amp: bool = False, beams: tuple[int, ...] = (1, 3, 5)) -> dict:
+    """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each."""
+    from captioner.search import beam_search, greedy_search
+
+    torch.set_num_threads(threads)
+    s = _sizes(config, quick)
+    decoder = _build_decoder(s, "soft", device).eval()
+    grid, _, _ = _synthetic_batch(s, device)
+    B, n = s["batch"], s["decode_length"]
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=amp)
+
+    def run(beam: int, length: int) -> None:
+        with torch.inference_mode(), autocast:
+            state = decoder.init_state(grid)
+            # min_length = max_length masks <end>: every run makes the same `length` step calls.
+            common = dict(batch_size=B, start_id=1, end_id=2, max_length=length, min_length=length,
+                          forbid_ids=(0, 1))
+            if beam == 1:
+                greedy_search(decoder.step, state, **common)
+            else:
+                # the K beams of an image share its attention memory (not copied K times)
+                beam_search(decoder.step, state, beam_size=beam, expand=decoder.expand_state, **common)
+        _sync(device)
+
+    result = {}
+    for beam in beams:
+        run(beam, 2)  # warm-up: allocator and kernels at this beam's batch size
+        times = []
+        for _ in range(s["decode_repeats"]):
+            start = time.perf_counter()
+            run(beam, n)
+            times.append(time.perf_counter() - start)
+        key = "greedy_img_per_s" if beam == 1 else f"beam{beam}_img_per_s"
+        result[key] = B / min(times)  # best of the repeats: the machine is shared
+    return result
+
+
+def bench_matmul(threads: int = 2, device: str = "cpu", repeats: int = 10) -> dict:
+    """float32 torch.mm of (512, 2048) @ (2048, 2048): the machine's dense-matmul rate, same run and threads."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(512, 2048, generator=g).to(device)
+    b = torch.randn(2048, 2048, generator=g).to(device)
+    for _ in range(3):
+        torch.mm(a, b)
+    _sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return {"matmul_gflops": 2 * 512 * 2048 * 2048 / best / 1e9}
+
+
+def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
+    """Per configuration: soft training alone (R7, R14 keys: speed and peak RSS), then hard-attention
+    "sample" training alternating with soft steps (R7_hard, R14_hard: speed and the hard/soft ratio)."""
+    result = {}
+    for config in CONFIGS:
+        soft = bench_train_one(config, ("soft",), quick, device, threads)["soft"]
+        pair = bench_train_one(config, ("soft", "hard"), quick, device, threads)
+        hard = pair["hard"]
+        hard["soft_train_caps_per_s_alongside"] = pair["soft"]["train_caps_per_s"]
+        if amp:
+            bf16 = bench_train_one(config, ("soft",), quick, device, threads, amp=True)["soft"]
+            soft["train_caps_per_s_bf16"] = bf16["train_caps_per_s"]
+        result[config], result[f"{config}_hard"] = soft, hard
+    return result
+
+
+def bench_decode(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
+    result = {}
+    for config in CONFIGS:
+        result[config] = bench_decode_one(config, quick, device, threads)
+        if amp:
+            bf16 = bench_decode_one(config, quick, device, threads, amp=True)
+            result[config].update({f"{k}_bf16": v for k, v in bf16.items()})
+    return result
+
+
+def add_useful_flops(results: dict) -> None:
+    """train_useful_gflops (useful FLOPs x captions/s) and its fraction of the same run's matmul rate."""
+    for key, row in results.items():
+        if isinstance(row, dict) and "train_caps_per_s" in row:
+            row["train_useful_gflops"] = row["train_useful_gflop_per_caption"] * row["train_caps_per_s"]
+            if "matmul_gflops" in results:
+                row["train_frac_of_matmul"] = row["train_useful_gflops"] / results["matmul_gflops"]
+
+
+def run_benches(only: list[str] | None = None, quick: bool = False, device: str = "cpu", threads: int = 2,
+                amp: bool = False) -> dict:
+    """Everything the issue asks for in one run (matmul always, for the ratios)."""
+    names = only or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        raise ValueError(f"unknown bench {unknown[0]!r}; valid: {', '.join(BENCHES)}")
+    torch.set_num_threads(threads)
+    results: dict = {"device": device, "threads": threads, "quick": quick}
+    results.update(bench_matmul(threads, device))
+    for name in names:
+        if name == "extract":
+            kwargs = dict(n_images=4, batch_size=2, num_workers=0, repeats=1) if quick else {}
+            results.update(bench_extract(threads=threads, amp=amp, **kwargs))
+        else:
+            for key, row in BENCHES[name](quick=quick, device=device, threads=threads, amp=amp).items():
+                results.setdefault(key, {}).update(row)
+    add_useful_flops(results)
+    return results
+
+
+BENCHES = {"train": bench_train, "decode": bench_decode, "extract": bench_extract}
+
+
+def format_table(results: dict) -> str:
+    """Rows = configurations, columns = their keys; scalar results first."""
+    lines = [f"{k:30s} {v:.4g}" if isinstance(v, float) else f"{k:30s} {v}"
+             for k, v in results.items() if not isinstance(v, dict)]
+    rows = {k: v for k, v in results.items() if isinstance(v, dict)}
+    columns = list(dict.fromkeys(c for row in rows.values() for c in row))
+    for column in columns:
+        cells = [f"{rows[r][column]:.4g}" if column in rows[r] else "-" for r in rows]
+        if column == columns[0]:
+            lines.append(f"{'':30s} " + " ".join(f"{r:>10s}" for r in rows))
+        lines.append(f"{column:30s} " + " ".join(f"{c:>10s}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHES)}")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, not a measurement)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda also reports bf16 autocast figures)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--amp", action="store_true", help="also time bf16 autocast (implied by --device cuda)")
+    parser.add_argument("--train-worker", default=None, help=argparse.SUPPRESS)  # internal: one training run
+    args = parser.parse_args(argv)
+    if args.train_worker:
+        print(json.dumps(_train_worker(**json.loads(args.train_worker))))
+        return 0
+    names = args.only.split(",") if args.only else None
+    if names and any(n not in BENCHES for n in names):
+        parser.error(f"unknown bench in {args.only!r} (valid: {', '.join(BENCHES)})")
+    amp = args.amp or args.device.startswith("cuda")
+    results = run_benches(names, quick=args.quick, device=args.device, threads=args.threads, amp=amp)
+    print(json.dumps(results, indent=2) if args.json else format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""scripts/bench.py at tiny sizes: every key is present and positive, the FLOP count matches the model.
+
+Timings themselves are not asserted (the machine is shared); only that the functions run and report.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    yield 1
+    torch.set_num_threads(threads)
+
+
+def test_caption_train_flops_counts_every_matmul_once():
+    bench = load_bench()
+    from captioner.models.decoder import ShowAttendTellDecoder
+
+    V, D, E, H, A, L, S = 50, 24, 16, 20, 12, 9, 5
+    dec = ShowAttendTellDecoder(V, D, embed_dim=E, hidden_dim=H, attention_dim=A)
+    per_image = 2 * (2 * D * H) + L * 2 * D * A  # f_init,h + f_init,c, keys projected once
+    per_step = (2 * H * A + L * 2 * A  # query projection, v over L locations
+                + 2 * H * 1  # scalar gate f_beta
+                + 2 * (E + D + H) * 4 * H  # LSTM
+                + 2 * H * E + 2 * D * E + 2 * E * V  # L_h, L_z, L_o
+                + 2 * L * D)  # soft context
+    assert bench.caption_train_flops(dec, L, S) == 3 * (per_image + S * per_step)
+    assert bench.caption_train_flops(dec, L, S, soft=False) == 3 * (per_image + S * (per_step - 2 * L * D))
+
+
+def test_train_worker_reports_positive_numbers(one_thread):
+    bench = load_bench()
+    alone = bench._train_worker("R7", ["soft"], quick=True, device="cpu", threads=one_thread, amp=False)["soft"]
+    for key in ("train_caps_per_s", "train_step_s", "train_useful_gflop_per_caption", "peak_rss_mb"):
+        assert alone[key] > 0, key
+    pair = bench._train_worker("R7", ["soft", "hard"], quick=True, device="cpu", threads=one_thread, amp=False)
+    assert pair["hard"]["train_caps_per_s"] > 0 and pair["hard"]["hard_soft_time_ratio"] > 0
+    assert "peak_rss_mb" not in pair["hard"]  # two models in one process: not one configuration's RSS
+
+
+def test_decode_and_matmul_report_positive_numbers(one_thread):
+    bench = load_bench()
+    out = bench.bench_decode_one("R14", quick=True, threads=one_thread)
+    assert set(out) == {"greedy_img_per_s", "beam3_img_per_s", "beam5_img_per_s"}
+    assert all(v > 0 for v in out.values())
+    assert bench.bench_matmul(threads=one_thread, repeats=1)["matmul_gflops"] > 0
+
+
+def test_useful_flops_fraction_is_derived_from_the_same_run():
+    bench = load_bench()
+    results = {"matmul_gflops": 100.0, "R7": {"train_caps_per_s": 20.0, "train_useful_gflop_per_caption": 2.0}}
+    bench.add_useful_flops(results)
+    assert results["R7"]["train_useful_gflops"] == 40.0 and results["R7"]["train_frac_of_matmul"] == 0.4
+
+
+def test_unknown_bench_or_config_names_the_valid_ones():
+    bench = load_bench()
+    with pytest.raises(ValueError, match="train"):
+        bench.run_benches(["trian"], quick=True)
+    with pytest.raises(ValueError, match="R14"):
+        bench._sizes("R28", quick=False)
+
+
+@pytest.mark.slow
+def test_cli_quick_json_has_every_configuration():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--json",
+                           "--only", "train,decode", "--threads", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)
+    assert results["matmul_gflops"] > 0
+    for config in ("R7", "R14"):
+        for key in ("train_caps_per_s", "peak_rss_mb", "train_useful_gflops", "train_frac_of_matmul",
+                    "greedy_img_per_s", "beam3_img_per_s", "beam5_img_per_s"):
+            assert results[config][key] > 0, (config, key)
+        hard = results[f"{config}_hard"]
+        assert hard["train_caps_per_s"] > 0 and hard["hard_soft_time_ratio"] > 0
+
+
+# ---------------------------------------------------------------------------------------
+# the fast paths the benchmark measures must decode exactly what the plain paths decode
+
+
+@pytest.mark.parametrize("kind,scorer", [("soft", "additive"), ("soft", "dot"), ("hard", "bilinear"),
+                                         ("key_value", "additive"), ("multi_head", "scaled_dot")])
+def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, one_thread):
+    from captioner.models.decoder import ShowAttendTellDecoder
+    from captioner.search import beam_search
+
+    torch.manual_seed(0)
+    dec = ShowAttendTellDecoder(30, 12, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,
+                                attention=kind, heads=4 if kind == "multi_head" else 1).eval()
+    with torch.no_grad():
+        dec.out.bias[2] += 2.0  # <end> likelier: images finish at different steps and leave the batch
+    grid = torch.randn(8, 6, 12)
+    calls = []
+    mode = "argmax" if kind == "hard" else "soft"
+
+    def step(tokens, state):
+        calls.append(tokens.shape[0])
+        return dec.step(tokens, state, attention_mode=mode)
+
+    with torch.no_grad():
+        common = dict(batch_size=8, start_id=1, end_id=2, beam_size=3, max_length=8, n_best=2)
+        plain = beam_search(step, dec.init_state(grid), **common)
+        shared = beam_search(step, dec.init_state(grid), expand=dec.expand_state, **common)
+    if dec.attention.grouped_queries:  # some images stopped early: per-image tensors were dropped too
+        assert len(set(calls)) > 1, calls
+    for a, b in zip(plain, shared):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert all(abs(x.score - y.score) < 1e-5 for x, y in zip(a, b))
+        assert all(torch.allclose(x.alphas, y.alphas, atol=1e-6) for x, y in zip(a, b))
+    state = dec.expand_state(dec.init_state(grid), 3)
+    memory_rows = {s.shape[0] for s in state[2:]}
+    assert memory_rows == ({24} if kind == "multi_head" else {8})  # per image unless unsupported
