@@ -65,6 +65,7 @@ class EncoderConfig:
     proj_dim: int = 0  # 0: no 1x1 projection
     finetune_blocks: int = 0  # 0: frozen (eval-mode batch norm, no grad)
     self_attention_layers: int = 0  # self-attention refinement of the grid (0 = none)
+    position_embedding: bool = False  # add a learned embedding of each grid location (not in the paper)
 
 
 @dataclass

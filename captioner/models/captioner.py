@@ -24,6 +24,28 @@ from captioner.models.decoder import DecoderOutput, ShowAttendTellDecoder
 from captioner.models.encoder import Encoder, build_encoder
 
 
+class GridPositionEmbedding(nn.Module):
+    """Adds a learned vector per grid location: a_i + p_i for i in 1..L.
+
+    Not in Xu et al. 2015. The context z_t is a weighted average of annotation vectors, which
+    carry little absolute position; captions that name spatial relations ("to the left of")
+    need it. Initialised at zero, so training starts from the paper's model.
+
+    Args:
+        locations: L = H * W.
+        dim: D, the size of an annotation vector.
+    """
+
+    def __init__(self, locations: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, locations, dim))
+
+    def forward(self, grid: torch.Tensor) -> torch.Tensor:
+        if grid.size(1) != self.weight.size(1):
+            raise ValueError(f"grid has {grid.size(1)} locations, the position embedding {self.weight.size(1)}")
+        return grid + self.weight  # (B, L, D)
+
+
 class Captioner(nn.Module):
     """An image captioner: grid = encode(images); decoder attends over the grid word by word.
 
@@ -185,9 +207,14 @@ def build_model(cfg: Config, vocab: Vocab) -> Captioner:
         proj_dim=enc.proj_dim or None,
         finetune_blocks=enc.finetune_blocks,
     )
-    refine = (SelfAttentionEncoder(dim=encoder.out_dim, layers=enc.self_attention_layers,
-                                   heads=cfg.model.attention.heads)
-              if enc.self_attention_layers > 0 else None)
+    refine_layers: list[nn.Module] = []
+    if enc.position_embedding:
+        H, W = encoder.grid_hw
+        refine_layers.append(GridPositionEmbedding(H * W, encoder.out_dim))
+    if enc.self_attention_layers > 0:
+        refine_layers.append(SelfAttentionEncoder(dim=encoder.out_dim, layers=enc.self_attention_layers,
+                                                  heads=cfg.model.attention.heads))
+    refine = nn.Sequential(*refine_layers) if refine_layers else None
     att, dec = cfg.model.attention, cfg.model.decoder
     decoder = ShowAttendTellDecoder(
         vocab_size=len(vocab),
