@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import torch
 

@@ -298,6 +298,8 @@ def _load_shapes(data: DataConfig, split: str) -> list[ImageRecord]:
 
     root = Path(data.root)
     s = data.shapes
+    if not (root / "dataset_shapes.json").exists():
+        log.info("writing the shapes data set (%d images) to %s", s.n_train + s.n_val + s.n_test, root)
     generate_shapes(root, n_train=s.n_train, n_val=s.n_val, n_test=s.n_test, image_size=s.image_size, seed=s.seed)
     captions = Path(data.captions) if data.captions else root / "dataset_shapes.json"
     return read_karpathy(captions, root, split, restval=data.restval, fmt="shapes")
