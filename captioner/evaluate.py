@@ -17,7 +17,13 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from captioner.metrics import attention_grounding, caption_scores, mean_grounding
+from captioner.metrics import CocoInstanceRegions, attention_grounding, caption_scores, mean_grounding
+
+
+def coco_image_id(record) -> int | None:
+    """COCO's numeric image id from a file name like COCO_val2014_000000391895.jpg (None otherwise)."""
+    tail = Path(record.path).stem.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else None
 
 
 def _image_size(record) -> tuple[int, int]:
@@ -39,6 +45,7 @@ def evaluate_model(
     meteor: bool = True,
     metrics: Sequence[str] | None = None,
     progress: bool = True,
+    instances: str | None = None,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
@@ -51,6 +58,7 @@ def evaluate_model(
 
     model.eval()
     device = model.device
+    coco_regions = CocoInstanceRegions(instances) if instances else None
     predictions: dict[str, str] = {}
     per_image_grounding: list[float | None] = []
     mode = model.decode_mode(attention_mode)
@@ -69,10 +77,15 @@ def evaluate_model(
             best = per_image[0]
             words = model.vocab.decode(best.tokens, keep_unk=True)
             predictions[record.image_id] = " ".join(words)
-            if record.objects and best.alphas is not None:
-                per_image_grounding.append(attention_grounding(
-                    words, best.alphas[: len(words)].float().cpu().numpy(), model.grid_hw,
-                    record.objects, _image_size(record)))
+            if best.alphas is None:
+                continue
+            alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
+            if record.objects:
+                per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
+                                                               _image_size(record)))
+            elif coco_regions is not None and coco_image_id(record) is not None:
+                per_image_grounding.append(coco_regions.grounding(coco_image_id(record), words, alphas,
+                                                                  model.grid_hw))
         bar.update(len(batch))
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
@@ -111,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
+    parser.add_argument("--instances", default=None,
+                        help="COCO instances_*.json: also report attention grounding on instance masks")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
@@ -135,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = records[: args.max_images]
     result = evaluate_model(model, records, beam_size=beam, max_length=cfg.eval.max_length,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
-                            meteor=not args.no_meteor, progress=not args.json)
+                            meteor=not args.no_meteor, progress=not args.json, instances=args.instances)
     result["split"] = split
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -17,6 +17,8 @@ quantitative version of the paper's Fig. 2-3 and 5 overlays.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import threading
 import warnings
@@ -251,3 +253,56 @@ def mean_grounding(values: Iterable[float | None]) -> float | None:
     """Dataset-level mean of per-image grounding values, ignoring None; None if all are None."""
     kept = [v for v in values if v is not None]
     return float(np.mean(kept)) if kept else None
+
+
+class CocoInstanceRegions:
+    """COCO instance masks as grounding regions: a generated noun that names a COCO category
+    ("dog", "dogs", "teddy" for "teddy bear" is not matched: single-word names only) refers to
+    the union of that category's instance masks in the image.
+
+    Args:
+        instances_file: ``instances_{train,val}2014.json`` (read with pycocotools).
+    """
+
+    def __init__(self, instances_file: str | Any) -> None:
+        from pathlib import Path
+
+        from pycocotools.coco import COCO
+
+        path = Path(instances_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"COCO instances file not found: {path} (instances_val2014.json from "
+                                    "annotations_trainval2014.zip, cocodataset.org)")
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+            self.coco = COCO(str(path))
+        self.category_of_word = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())
+                                 if " " not in c["name"]}
+
+    def category(self, word: str) -> int | None:
+        word = word.lower()
+        if word in self.category_of_word:
+            return self.category_of_word[word]
+        if word.endswith("s") and word[:-1] in self.category_of_word:
+            return self.category_of_word[word[:-1]]
+        return None
+
+    def grounding(self, coco_image_id: int, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int]
+                  ) -> float | None:
+        """Mean share of attention inside the named category's masks, over words that name a category
+        present in the image; None when no word does (or the image is not in the file)."""
+        if coco_image_id not in self.coco.imgs:
+            return None
+        alphas = _as_numpy(alphas)
+        values = []
+        for i, word in enumerate(words):
+            cat = self.category(word)
+            if cat is None:
+                continue
+            anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[coco_image_id], catIds=[cat], iscrowd=None))
+            if not anns:
+                continue
+            mask = np.zeros_like(self.coco.annToMask(anns[0]), dtype=bool)
+            for ann in anns:
+                mask |= self.coco.annToMask(ann).astype(bool)
+            values.append(grounding_from_mask(alphas[i], grid_hw, mask))
+        return float(np.mean(values)) if values else None

@@ -188,10 +188,14 @@ class Captioner(nn.Module):
                 "attention_mode": mode,
                 "locations": ([int(a) for a in alphas[: len(words)].argmax(axis=1)]
                               if mode in ("argmax", "sample") else None),
-                "n_best": [{"caption": " ".join(self.vocab.decode(h.tokens, keep_unk=True)), "words": self.vocab.decode(h.tokens, keep_unk=True),
-                            "score": float(h.score)} for h in per_image],
+                "n_best": [_hypothesis_words(self.vocab, h) for h in per_image],
             })
         return results
+
+
+def _hypothesis_words(vocab: Vocab, hyp: Any) -> dict:
+    words = vocab.decode(hyp.tokens, keep_unk=True)
+    return {"caption": " ".join(words), "words": words, "score": float(hyp.score)}
 
 
 def build_model(cfg: Config, vocab: Vocab) -> Captioner:
