@@ -145,11 +145,11 @@ class HardAttention(SoftAttention):
     stochastic = True
 
 
-class KeyValueAttention(nn.Module):
+class KeyValueAttention(SoftAttention):
     """Keys score, values are averaged: separate linear projections of the grid.
 
     alpha = softmax(f_att(W_k a_i, h)), z = sum_i alpha_i W_v a_i. With identity projections it
-    is SoftAttention.
+    is SoftAttention (it reads its memory the same way; only prepare differs).
 
     Args:
         scorer: name of the scoring function.
@@ -159,28 +159,17 @@ class KeyValueAttention(nn.Module):
         value_dim: size of the projected values = the context size (default D).
     """
 
-    stochastic = False
-    grouped_queries = True
-
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
                  value_dim: int | None = None) -> None:
-        super().__init__()
+        super().__init__(scorer, attention_dim, query_dim, attention_dim)  # the scorer sees projected keys
         value_dim = value_dim or key_dim
         self.key_proj = nn.Linear(key_dim, attention_dim)
         self.value_proj = nn.Linear(key_dim, value_dim)
-        self.scorer = build_scorer(scorer, attention_dim, query_dim, attention_dim)
         self.out_dim = value_dim
 
     def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
         keys = self.key_proj(grid)  # (B, L, A)
         return (self.value_proj(grid), self.scorer.prepare(keys))  # (B, L, Dv), (B, L, *)
-
-    def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
-                expectation_mask: Tensor | None = None,
-                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
-        values, prepared = memory
-        scores = self.scorer(query, prepared)  # (B, L)
-        return read_context(scores, values, mode, expectation_mask, generator, entropy)
 
 
 class MultiHeadAttention(nn.Module):
