@@ -70,9 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     overlay_dir = run_dir / "overlays"
     overlay_dir.mkdir(parents=True, exist_ok=True)
     captions = []
-    for record in records[: args.n_captions]:
-        image = load_image(record.path)
-        out = model.caption([image], beam=cfg.eval.beam_size)[0]
+    shown = records[: args.n_captions]
+    images = [load_image(record.path) for record in shown]
+    outputs = model.caption(images, beam=cfg.eval.beam_size)  # one batched beam search for all of them
+    for record, image, out in zip(shown, images, outputs):
         fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
         target = overlay_dir / f"{Path(record.path).stem}.png"
         fig.savefig(target, dpi=80, bbox_inches="tight")

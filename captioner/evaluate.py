@@ -83,9 +83,8 @@ def evaluate_model(
             if record.objects:
                 per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
                                                                _image_size(record)))
-            elif coco_regions is not None and coco_image_id(record) is not None:
-                per_image_grounding.append(coco_regions.grounding(coco_image_id(record), words, alphas,
-                                                                  model.grid_hw))
+            elif coco_regions is not None and (coco_id := coco_image_id(record)) is not None:
+                per_image_grounding.append(coco_regions.grounding(coco_id, words, alphas, model.grid_hw))
         bar.update(len(batch))
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
