@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -45,6 +43,8 @@ from captioner.config import Config, ConfigError, add_config_arguments, config_t
 from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset,
                                      ImageRecord, build_vocab, collate_captions, load_records)
 from captioner.data.vocab import Vocab
+from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
+                                   seed_everything, set_rng_state, setup_distributed)
 from captioner.losses import (LossOutput, hard_attention_loss, masked_cross_entropy, soft_attention_loss,
                               update_baseline)
 
@@ -57,88 +57,6 @@ METRICS_FILE = "metrics.jsonl"
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. non-finite losses in a row); the message says why and what to try."""
-
-
-# --------------------------------------------------------------------------- process / device
-
-
-def _setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_name == "auto":
-        device_name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    elif device_name == "cuda":
-        device_name = f"cuda:{local_rank}"
-    device = torch.device(device_name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise TrainingError(f"train.device={device_name} but CUDA is not available; use train.device=cpu or auto")
-        torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return rank, world, device
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
-def _broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
-    """Rank 0's decision (early stop, time budget) for everyone, so no rank waits forever."""
-    if world == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.broadcast(t, src=0)
-    return bool(t.item())
-
-
-# --------------------------------------------------------------------------- RNG state as plain data
-
-
-def _rng_state() -> dict:
-    """This process's RNG states in a form torch.load(weights_only=True) reads back."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                  int(np_state[3]), float(np_state[4])],
-        "python": [py_state[0], torch.tensor(py_state[1], dtype=torch.int64), py_state[2]],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _gather_rng_states(world: int) -> list[dict]:
-    if world == 1:
-        return [_rng_state()]
-    states: list[Any] = [None] * world
-    dist.all_gather_object(states, _rng_state())
-    return states
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 # --------------------------------------------------------------------------- data
 
 
@@ -146,7 +64,7 @@ def _records(cfg: Config, split: str, rank: int, world: int) -> list[ImageRecord
     # Rank 0 first: the shapes format generates its data on first use, which must happen once.
     if rank == 0:
         records = load_records(cfg.data, split)
-    _barrier(world)
+    barrier(world)
     if rank != 0:
         records = load_records(cfg.data, split)
     return records
@@ -163,7 +81,7 @@ def _feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord], ra
         extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
                          num_workers=cfg.data.num_workers, max_failure_share=cfg.data.max_failure_share,
                          progress=True)
-    _barrier(world)
+    barrier(world)
     return FeatureCache.open(directory, expected_fingerprint=fingerprint)
 
 
@@ -341,7 +259,8 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                 hyps = model.generate(grid, beam_size=1, max_length=cfg.eval.max_length, attention_mode=mode)
             for index, per_image in zip(batch.indices.tolist(), hyps):
                 record = decode_set.records[index]
-                predictions[record.image_id] = " ".join(vocab.decode(per_image[0].tokens))
+                words = vocab.decode(per_image[0].tokens, keep_unk=True)  # <unk> kept, as evaluate scores
+                predictions[record.image_id] = " ".join(words)
                 references[record.image_id] = record.raw
         scores = score_captions(predictions, references)
     finally:
@@ -449,7 +368,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
-    rank, world, device = _setup_distributed(t.device)
+    rank, world, device = setup_distributed(t.device)
     is_main = rank == 0
     payload = None
     if resume is not None:
@@ -487,7 +406,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         scheduler.load_state_dict(payload["scheduler"])
         progress = Progress.from_payload(payload)
         rng_states = payload["rng"]["ranks"]
-        _set_rng_state(rng_states[rank] if rank < len(rng_states) else rng_states[0])  # last: nothing draws after
+        set_rng_state(rng_states[rank] if rank < len(rng_states) else rng_states[0])  # last: nothing draws after
         log.info("resuming %s after epoch %d (step %d)", run_dir, progress.epoch, progress.step)
 
     metrics_path = run_dir / METRICS_FILE
@@ -568,7 +487,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                 for k, v in entry.items():
                     if isinstance(v, (int, float)) and k not in ("epoch", "step"):
                         writer.add_scalar(f"epoch/{k}", v, epoch + 1)
-        rng = _gather_rng_states(world)  # a collective: every rank, every epoch
+        rng = gather_rng_states(world)  # a collective: every rank, every epoch
         if is_main:
             if not _all_finite(model):  # belt and braces: skipped steps should make this impossible
                 raise TrainingError(f"non-finite weights after epoch {epoch + 1}; not saving them")
@@ -580,7 +499,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                 save_checkpoint(run_dir / "best.pt", ckpt)
             _write_metrics(metrics_path, progress.history)
             print(_summary(entry, t.val_metric, improved), flush=True)
-        if _broadcast_flag(stop, world, device):
+        if broadcast_flag(stop, world, device):
             if is_main:
                 log.info("stopping after epoch %d (%s)", epoch + 1,
                          "patience" if progress.bad_epochs >= t.patience else "time budget")
@@ -594,7 +513,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         (run_dir / f"weights-rank{rank}.sha256").write_text(_weights_hash(model) + "\n")
     if writer is not None:
         writer.close()
-    _barrier(world)
+    barrier(world)
     return run_dir
 
 

@@ -13,7 +13,8 @@ from PIL import Image
 
 from captioner.models import encoder as enc_mod
 from captioner.models.encoder import (ENCODERS, EncoderWeightsError, build_encoder, efficientnet_lite0_state_dict,
-                                      encoders_table, map_by_position)
+                                      encoders_table)
+from captioner.models.weights import map_by_position
 
 torch.set_num_threads(1)
 

