@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
@@ -31,6 +32,24 @@ def _image_size(record) -> tuple[int, int]:
 
     with Image.open(record.path) as im:  # lazy: reads the header only
         return im.size
+
+
+@torch.no_grad()
+def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], beam_size: int = 1,
+                   max_length: int = 20, attention_mode: str | None = None,
+                   autocast: Callable[[], ContextManager] = nullcontext) -> Iterator[tuple[Any, Any, list[str]]]:
+    """Decode (records, grid (B, L, D)) batches: yields (record, best hypothesis, words) per image.
+
+    The one decode loop behind ``evaluate_model`` and training's validation, so both score the same
+    words (``<unk>`` kept). ``autocast`` wraps each batch's search (training passes its AMP context).
+    """
+    mode = model.decode_mode(attention_mode)
+    for records, grid in batches:
+        with autocast():
+            hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode)
+        for record, per_image in zip(records, hyps):
+            best = per_image[0]
+            yield record, best, model.vocab.decode(best.tokens, keep_unk=True)
 
 
 @torch.no_grad()
@@ -64,28 +83,29 @@ def evaluate_model(
     mode = model.decode_mode(attention_mode)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
-    for start in range(0, len(records), batch_size):
-        batch = records[start : start + batch_size]
-        if cache is not None:
-            grid = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).to(device).float()
-            grid = model.prepare_grid(grid)  # (B, L, D)
-        else:
-            images = torch.stack([model.transform(load_image(r.path)) for r in batch]).to(device)
-            grid = model.encode(images)  # (B, L, D)
-        hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode)
-        for record, per_image in zip(batch, hyps):
-            best = per_image[0]
-            words = model.vocab.decode(best.tokens, keep_unk=True)
-            predictions[record.image_id] = " ".join(words)
-            if best.alphas is None:
-                continue
-            alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
-            if record.objects:
-                per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
-                                                               _image_size(record)))
-            elif coco_regions is not None and (coco_id := coco_image_id(record)) is not None:
-                per_image_grounding.append(coco_regions.grounding(coco_id, words, alphas, model.grid_hw))
-        bar.update(len(batch))
+
+    def batches() -> Iterator[tuple[Sequence, torch.Tensor]]:
+        for start in range(0, len(records), batch_size):
+            batch = records[start : start + batch_size]
+            if cache is not None:
+                grid = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).to(device).float()
+                grid = model.prepare_grid(grid)  # (B, L, D)
+            else:
+                images = torch.stack([model.transform(load_image(r.path)) for r in batch]).to(device)
+                grid = model.encode(images)  # (B, L, D)
+            yield batch, grid
+            bar.update(len(batch))
+
+    for record, best, words in decode_batches(model, batches(), beam_size, max_length, mode):
+        predictions[record.image_id] = " ".join(words)
+        if best.alphas is None:
+            continue
+        alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
+        if record.objects:
+            per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
+                                                           _image_size(record)))
+        elif coco_regions is not None and (coco_id := coco_image_id(record)) is not None:
+            per_image_grounding.append(coco_regions.grounding(coco_id, words, alphas, model.grid_hw))
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, **({"metrics": metrics} if metrics else {}))

@@ -45,6 +45,7 @@ from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDatas
 from captioner.data.vocab import Vocab
 from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
+from captioner.evaluate import decode_batches
 from captioner.losses import (LossOutput, hard_attention_loss, masked_cross_entropy, soft_attention_loss,
                               update_baseline)
 
@@ -240,7 +241,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     was_training = model.training
     model.eval()
     prepare = model.encode if from_images else model.prepare_grid
-    mode = "soft" if model.attention_kind != "hard" else cfg.eval.attention_mode
+    mode = model.decode_mode(cfg.eval.attention_mode)
     try:
         total, count = 0.0, 0
         for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
@@ -250,18 +251,17 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
             n = int(out.mask.sum())
             total += float(masked_cross_entropy(out.logits, batch.captions[:, 1:], out.mask)) * n
             count += n
-        predictions: dict[str, str] = {}
-        references: dict[str, list[str]] = {}
-        vocab = model.vocab
-        for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
-            with amp():
-                grid = prepare(batch.inputs.to(device))  # (B, L, D)
-                hyps = model.generate(grid, beam_size=1, max_length=cfg.eval.max_length, attention_mode=mode)
-            for index, per_image in zip(batch.indices.tolist(), hyps):
-                record = decode_set.records[index]
-                words = vocab.decode(per_image[0].tokens, keep_unk=True)  # <unk> kept, as evaluate scores
-                predictions[record.image_id] = " ".join(words)
-                references[record.image_id] = record.raw
+
+        def batches():
+            for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
+                with amp():
+                    grid = prepare(batch.inputs.to(device))  # (B, L, D)
+                yield [decode_set.records[i] for i in batch.indices.tolist()], grid
+
+        predictions = {record.image_id: " ".join(words) for record, _, words in
+                       decode_batches(model, batches(), beam_size=1, max_length=cfg.eval.max_length,
+                                      attention_mode=mode, autocast=amp)}
+        references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references)
     finally:
         model.train(was_training)

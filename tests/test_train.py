@@ -150,6 +150,34 @@ def test_validation_decodes_for_real(data_root, tmp_path, monkeypatch):
     assert 0.0 <= entry["BLEU-4"] <= 100.0 and entry["CIDEr-D"] >= 0.0
 
 
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, monkeypatch, kind):
+    # Validation picks the checkpoint that `captioner evaluate` then scores: on the same grids they must
+    # decode the very same words (one decode loop, <unk> kept, the same hard-attention mode).
+    from captioner import load_captioner
+    from captioner.data.datasets import load_records
+    from captioner.data.features import FeatureCache, cache_dir_for
+    from captioner.evaluate import evaluate_model
+
+    seen = []
+
+    def score(predictions, references):
+        seen.append(dict(predictions))
+        return {"BLEU-4": 0.0, "CIDEr-D": 0.0}
+
+    monkeypatch.setattr(train_mod, "score_captions", score)
+    cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.kind={kind}")
+    run = train(cfg)
+    model = load_captioner(run)
+    cache = FeatureCache.open(cache_dir_for(cfg.data, model.encoder.fingerprint()))
+    records = load_records(cfg.data, "val")
+    result = evaluate_model(model, records, beam_size=1, max_length=cfg.eval.max_length, cache=cache,
+                            meteor=False, progress=False)
+    (validated,) = seen
+    assert validated == result["predictions"]
+    assert len(validated) == len(records) and any(validated.values())
+
+
 @pytest.mark.slow
 def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     pytest.importorskip("captioner.metrics")
