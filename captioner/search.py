@@ -52,6 +52,7 @@ class Hypothesis:
     norm_score: float  # score / length ** length_penalty; what ranks hypotheses
     alphas: Tensor | None  # (len(tokens), L) on the CPU, or None if the step gives no alpha
     finished: bool  # True when the caption ended with <end>
+    locations: list[int] | None = None  # the cell read per word, set by callers that know it (hard attention)
 
 
 def normalise_score(score: float, length: int, length_penalty: float) -> float:

@@ -40,3 +40,58 @@ def test_position_embedding_starts_as_identity_and_checks_locations():
 def test_default_model_has_no_refinement(vocab):
     model = build_model(load_config(SMOKE), vocab)
     assert isinstance(model.refine, torch.nn.Identity)
+
+
+def _spy_reads(model, monkeypatch) -> list[torch.Tensor]:
+    """Record the cell every attention read picks, step by step (what the decoder really used)."""
+    reads: list[torch.Tensor] = []
+    attention = model.decoder.attention
+    original = attention.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        reads.append(out.index.clone())
+        return out
+
+    monkeypatch.setattr(attention, "forward", spy)
+    return reads
+
+
+@pytest.mark.parametrize("mode", ["sample", "argmax"])
+def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode):
+    model = build_model(load_config(SMOKE, ["model.attention.kind=hard"]), vocab).eval()
+    H, W = model.grid_hw
+    torch.manual_seed(0)
+    grid = model.prepare_grid(torch.randn(3, H * W, model.encoder.backbone_dim))
+    reads = _spy_reads(model, monkeypatch)
+    with torch.no_grad():
+        hyps = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode=mode)
+    for b, (hyp,) in enumerate(hyps):
+        n = len(hyp.tokens)
+        assert n >= 3 and hyp.alphas.shape == (n, H * W)
+        assert hyp.locations == [int(reads[t][b]) for t in range(n)]  # greedy rows never move
+    argmaxes = [int(i) for (hyp,) in hyps for i in hyp.alphas.argmax(1)]
+    chosen = [i for (hyp,) in hyps for i in hyp.locations]
+    if mode == "argmax":
+        assert chosen == argmaxes
+    else:  # an untrained model's alpha is flat: a sampled cell is often not its arg-max
+        assert chosen != argmaxes
+
+
+def test_hard_beam_search_and_caption_carry_locations(vocab):
+    from PIL import Image
+
+    model = build_model(load_config(SMOKE, ["model.attention.kind=hard"]), vocab).eval()
+    H, W = model.grid_hw
+    grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
+    with torch.no_grad():
+        hyps = model.generate(grid, beam_size=3, n_best=2, max_length=5, min_length=2, attention_mode="argmax")
+    for hyp in (h for per_image in hyps for h in per_image):
+        assert hyp.alphas.shape == (len(hyp.tokens), H * W)
+        assert hyp.locations == hyp.alphas.argmax(1).tolist()  # carried through the beams' reordering
+    image = Image.new("RGB", (64, 64), (200, 30, 30))
+    (out,) = model.caption([image], beam=2, attention_mode="sample")
+    assert len(out["locations"]) == len(out["words"]) == len(out["alphas"])
+    assert all(0 <= i < H * W for i in out["locations"])
+    (soft_out,) = model.caption([image], beam=2, attention_mode="expectation")
+    assert soft_out["locations"] is None

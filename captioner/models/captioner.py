@@ -125,23 +125,39 @@ class Captioner(nn.Module):
         length_penalty: float = 1.0,
         min_length: int = 0,
     ) -> list[list[Any]]:
-        """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words)."""
+        """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words).
+
+        In hard attention's "sample"/"argmax" modes each Hypothesis also has ``locations``.
+        """
         from captioner.search import beam_search, greedy_search
 
         mode = self.decode_mode(attention_mode)
         state = self.decoder.init_state(grid)
+        chosen = mode in ("sample", "argmax")  # hard attention reads one cell per word: report which
 
         def step_fn(tokens, state):
-            return self.decoder.step(tokens, state, attention_mode=mode)
+            if not chosen:
+                return self.decoder.step(tokens, state, attention_mode=mode)
+            log_probs, alpha, location, state = self.decoder.step_with_location(tokens, state, attention_mode=mode)
+            # The search carries one per-word tensor per row (and reorders it with the beams): the
+            # cell rides along as an extra column of alpha, split off again below.
+            return log_probs, torch.cat([alpha.float(), location.float().unsqueeze(1)], dim=1), state
 
         # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.
         common = dict(batch_size=grid.size(0), start_id=self.vocab.start_id, end_id=self.vocab.end_id,
                       max_length=max_length, forbid_ids=(self.vocab.pad_id, self.vocab.start_id))
         if beam_size == 1 and n_best == 1:
-            return greedy_search(step_fn, state, min_length=min_length, **common)
-        # expand_state keeps the attention memory at one row per image: beams share it, never copy it
-        return beam_search(step_fn, state, beam_size=beam_size, length_penalty=length_penalty,
-                           n_best=n_best, min_length=min_length, expand=self.decoder.expand_state, **common)
+            hyps = greedy_search(step_fn, state, min_length=min_length, **common)
+        else:
+            # expand_state keeps the attention memory at one row per image: beams share it, never copy it
+            hyps = beam_search(step_fn, state, beam_size=beam_size, length_penalty=length_penalty,
+                               n_best=n_best, min_length=min_length, expand=self.decoder.expand_state, **common)
+        if chosen:
+            for hyp in (h for per_image in hyps for h in per_image):
+                if hyp.alphas is not None:
+                    hyp.locations = hyp.alphas[:, -1].round().long().tolist()
+                    hyp.alphas = hyp.alphas[:, :-1]
+        return hyps
 
     @torch.no_grad()
     def caption(
@@ -155,8 +171,9 @@ class Captioner(nn.Module):
         """Caption PIL images or image paths.
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
-        ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode`` and ``n_best``
-        (every hypothesis as {caption, words, score}).
+        ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
+        (the grid cell read per word in hard attention's "sample"/"argmax" modes, else None) and
+        ``n_best`` (every hypothesis as {caption, words, score}).
         """
         from captioner.data.images import load_image
 
@@ -186,8 +203,7 @@ class Captioner(nn.Module):
                 "grid_hw": self.grid_hw,
                 "score": float(best.score),
                 "attention_mode": mode,
-                "locations": ([int(a) for a in alphas[: len(words)].argmax(axis=1)]
-                              if mode in ("argmax", "sample") else None),
+                "locations": None if best.locations is None else best.locations[: len(words)],
                 "n_best": [_hypothesis_words(self.vocab, h) for h in per_image],
             })
         return results

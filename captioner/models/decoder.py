@@ -229,10 +229,20 @@ class ShowAttendTellDecoder(nn.Module):
 
         The attention memory in `state` may hold N / G rows (one per image, see expand_state).
         """
+        log_probs, alpha, _, state = self.step_with_location(tokens, state, attention_mode)
+        return log_probs, alpha, state
+
+    def step_with_location(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft"
+                           ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, ...]]:
+        """step() and the grid cell each row read: (log_probs, alpha, location (N,) long, new state).
+
+        location is the sampled (or arg-max) cell in hard attention's "sample"/"argmax" modes, which
+        in "sample" mode need not be alpha's arg-max; None in the other modes.
+        """
         mode = self._mode(attention_mode)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
         word_gates, step_weights = self._lstm_weights(emb)  # (N, 4H)
         h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights)
         log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
-        return log_probs, read.alpha, (h, c, *memory)
+        return log_probs, read.alpha, read.index, (h, c, *memory)
