@@ -14,8 +14,8 @@ the paper's Monte-Carlo estimate of ∂L_s/∂W (L_s = Σ_s p(s|a) log p(y|s,a))
 The data term and the REINFORCE term share the 1/N scale, so with λ_r = 1 their sum is an unbiased
 estimate of -(1/N) ∂L_s/∂W (tested against exact enumeration in tests/test_losses.py). The paper
 keeps λ_r as a hyperparameter without giving its value; λ_r < 1 trades that bias for less variance
-(R sums a whole caption's log-likelihood, so it varies with caption length as much as with where
-the model looked). On the shapes data λ_r = 0.03 beat 1.0 by 16 test BLEU-4 (README "Results").
+(R sums a whole caption's log-likelihood, about -10 nats early on, of which the moving baseline removes
+only the mean). On the shapes data λ_r = 0.03 beat 1.0 by 16 test BLEU-4 (README "Results").
 
 Images whose context was the expectation (the per-image variance trick of §4.1) carry
 log p(s̃) = 0 from the decoder and thus no REINFORCE term; they are also left out of the
