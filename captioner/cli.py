@@ -89,7 +89,11 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
     parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy)")
     parser.add_argument("--n-best", type=int, default=1, help="captions to print per image")
-    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="most words per caption (default: the checkpoint's eval.max_length, or the "
+                             "longest training caption)")
+    parser.add_argument("--length-penalty", type=float, default=None,
+                        help="beam ranking: score / length ** P (default: the checkpoint's eval.length_penalty)")
     parser.add_argument(
         "--attention-mode", choices=("expectation", "argmax", "sample"), default=None,
         help="hard-attention decoding mode (default: the checkpoint's eval setting)",
@@ -102,6 +106,8 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.beam < 1 or args.n_best < 1 or args.n_best > args.beam:
         parser.error("--beam must be >= 1 and 1 <= --n-best <= --beam")
+    if args.max_length is not None and args.max_length < 1:
+        parser.error("--max-length must be >= 1")
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.images import ImageLoadError, load_image
@@ -130,6 +136,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
             continue
         outputs = model.caption(
             images, beam=args.beam, n_best=args.n_best, max_length=args.max_length,
+            length_penalty=args.length_penalty,
             attention_mode=args.attention_mode,
         )
         for path, image, out in zip(batch_paths, images, outputs):

@@ -127,7 +127,7 @@ class TrainConfig:
     amp: str = "none"  # none | bf16 | fp16 (CUDA only)
     run_dir: str = "runs/default"
     max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
-    time_budget_s: float = 0.0  # 0 = no limit; otherwise stop after the epoch that crosses it
+    time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
     log_every: int = 50
     num_threads: int = 0  # 0 = torch default
 
@@ -136,8 +136,8 @@ class TrainConfig:
 class EvalConfig:
     split: str = "test"
     beam_size: int = 3
-    max_length: int = 20
-    length_penalty: float = 1.0
+    max_length: int = 0  # most words per decoded caption; 0 = data.max_length (what training saw)
+    length_penalty: float = 1.0  # beam ranking: score / length ** length_penalty (every decode reads it)
     attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
     batch_size: int = 32
 
@@ -168,14 +168,14 @@ POSITIVE = (
     "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
     "model.decoder.hidden_dim", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
-    "train.max_nonfinite_steps", "eval.beam_size", "eval.max_length", "eval.batch_size",
+    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size",
 )
 NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
     "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
     "train.grad_clip", "train.alpha_c", "train.hard.reinforce_weight", "train.hard.entropy_weight",
-    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty",
+    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "data.max_failure_share", "train.hard.baseline_decay",

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("[2/4] evaluating on the test split (greedy)")
     model = load_captioner(run_dir)
     records = load_records(cfg.data, "test")
-    result = evaluate_model(model, records, beam_size=1, max_length=cfg.eval.max_length,
+    result = evaluate_model(model, records, beam_size=1,
                             batch_size=cfg.eval.batch_size, meteor=not args.no_meteor)
     result["split"] = "test"
     print(format_table(result, "test"))

@@ -18,7 +18,8 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
-from captioner.metrics import CocoInstanceRegions, attention_grounding, caption_scores, mean_grounding
+from captioner.metrics import (CocoInstanceRegions, attention_grounding, attention_sharpness, caption_scores,
+                               mean_grounding, resolve_tokenizer)
 
 
 def coco_image_id(record) -> int | None:
@@ -36,17 +37,20 @@ def _image_size(record) -> tuple[int, int]:
 
 @torch.no_grad()
 def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], beam_size: int = 1,
-                   max_length: int = 20, attention_mode: str | None = None,
-                   autocast: Callable[[], ContextManager] = nullcontext) -> Iterator[tuple[Any, Any, list[str]]]:
+                   max_length: int | None = None, attention_mode: str | None = None,
+                   autocast: Callable[[], ContextManager] = nullcontext,
+                   length_penalty: float | None = None) -> Iterator[tuple[Any, Any, list[str]]]:
     """Decode (records, grid (B, L, D)) batches: yields (record, best hypothesis, words) per image.
 
     The one decode loop behind ``evaluate_model`` and training's validation, so both score the same
     words (``<unk>`` kept). ``autocast`` wraps each batch's search (training passes its AMP context).
+    ``max_length`` / ``length_penalty`` default to the model's (its config's ``eval`` section).
     """
     mode = model.decode_mode(attention_mode)
     for records, grid in batches:
         with autocast():
-            hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode)
+            hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode,
+                                  length_penalty=length_penalty)
         for record, per_image in zip(records, hyps):
             best = per_image[0]
             yield record, best, model.vocab.decode(best.tokens, keep_unk=True)
@@ -57,8 +61,10 @@ def evaluate_model(
     model,
     records: Sequence,
     beam_size: int = 3,
-    max_length: int = 20,
+    max_length: int | None = None,
     attention_mode: str | None = None,
+    length_penalty: float | None = None,
+    tokenizer: str = "auto",
     batch_size: int = 32,
     cache=None,
     meteor: bool = True,
@@ -71,7 +77,8 @@ def evaluate_model(
     Grids come from ``cache`` (a FeatureCache of backbone grids) when given, else from the
     images through the model's encoder. Returns a dict with ``scores`` (0-100, None where a
     metric is unavailable), ``grounding`` (None when no record has object regions), the
-    ``predictions`` per image id, and the decoding settings.
+    attention's sharpness (``alpha_max``, ``alpha_entropy``: see metrics.attention_sharpness), the
+    ``predictions`` per image id, the tokenizer the scores used and the decoding settings.
     """
     from captioner.data.images import load_image
 
@@ -80,7 +87,11 @@ def evaluate_model(
     coco_regions = CocoInstanceRegions(instances) if instances else None
     predictions: dict[str, str] = {}
     per_image_grounding: list[float | None] = []
+    word_alphas: list = []
     mode = model.decode_mode(attention_mode)
+    max_length = model.max_length if max_length is None else max_length
+    length_penalty = model.length_penalty if length_penalty is None else length_penalty
+    tokenizer = resolve_tokenizer(tokenizer)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
 
@@ -96,11 +107,13 @@ def evaluate_model(
             yield batch, grid
             bar.update(len(batch))
 
-    for record, best, words in decode_batches(model, batches(), beam_size, max_length, mode):
+    for record, best, words in decode_batches(model, batches(), beam_size, max_length, mode,
+                                              length_penalty=length_penalty):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
         alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
+        word_alphas.append(alphas)
         if record.objects:
             per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
                                                            _image_size(record)))
@@ -108,14 +121,19 @@ def evaluate_model(
             per_image_grounding.append(coco_regions.grounding(coco_id, words, alphas, model.grid_hw))
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
-    scores = caption_scores(predictions, references, meteor=meteor, **({"metrics": metrics} if metrics else {}))
+    scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
+                            **({"metrics": metrics} if metrics else {}))
     grounded = [g for g in per_image_grounding if g is not None]
     return {
         "scores": scores,
+        "tokenizer": tokenizer,
+        **attention_sharpness(word_alphas),
         "grounding": mean_grounding(per_image_grounding) if grounded else None,
         "grounding_words_images": len(grounded),
         "n_images": len(records),
         "beam_size": beam_size,
+        "max_length": max_length,
+        "length_penalty": length_penalty,
         "attention_mode": mode,
         "predictions": predictions,
     }
@@ -123,13 +141,23 @@ def evaluate_model(
 
 def format_table(result: dict, split: str) -> str:
     head = (f"split={split}  images={result['n_images']}  beam={result['beam_size']}  "
+            f"length_penalty={result['length_penalty']:g}  max_length={result['max_length']}  "
             f"decoding={result['attention_mode']}")
-    rows = [head, "-" * len(head)]
+    rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
+                                                         if result["tokenizer"] == "ptb" else
+                                                         "  (no Java: not PTB, scores differ slightly "
+                                                         "from published tables)"),
+            "-" * len(head)]
     for name, value in result["scores"].items():
         rows.append(f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}")
     g = result["grounding"]
     rows.append(f"{'grounding':<10} {'n/a (no regions)' if g is None else f'{100 * g:6.2f}'}"
                 + ("" if g is None else "  (% of a referring word's attention inside its object)"))
+    if result.get("alpha_max") is not None:
+        rows.append(f"{'alpha max':<10} {result['alpha_max']:6.3f}  (mean over words of max_i alpha_i; "
+                    f"uniform = {1 / result['locations']:.3f})")
+        rows.append(f"{'alpha ent':<10} {result['alpha_entropy']:6.3f}  (mean normalised entropy H(alpha) / "
+                    f"log L; uniform = 1)")
     return "\n".join(rows)
 
 
@@ -140,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="default: the checkpoint's eval.split")
     parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
     parser.add_argument("--attention-mode", choices=("expectation", "argmax", "sample"), default=None)
+    parser.add_argument("--length-penalty", type=float, default=None,
+                        help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
+    parser.add_argument("--tokenizer", choices=("auto", "ptb", "simple"), default="auto",
+                        help="tokenizer for scoring: ptb (coco-caption, needs Java), simple; auto = ptb when Java is "
+                             "present")
     parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
@@ -167,7 +202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = load_records(cfg.data, split)
     if args.max_images:
         records = records[: args.max_images]
-    result = evaluate_model(model, records, beam_size=beam, max_length=cfg.eval.max_length,
+    if args.max_length is not None and args.max_length < 1:
+        parser.error("--max-length must be >= 1")
+    try:
+        tokenizer = resolve_tokenizer(args.tokenizer)
+    except ValueError as err:
+        print(f"captioner evaluate: {err}", file=sys.stderr)
+        return 2
+    result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
+                            length_penalty=args.length_penalty, tokenizer=tokenizer,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
                             meteor=not args.no_meteor, progress=not args.json, instances=args.instances)
     result["split"] = split

@@ -31,14 +31,48 @@ from captioner.data.vocab import tokenize
 
 CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
-def _normalise(text: str) -> str:
-    """The project's tokenizer (captioner.data.vocab.tokenize) without punctuation tokens, space-joined.
+TOKENIZERS = ("ptb", "simple")
 
-    Stands in for coco-caption's PTB tokenizer, which needs a JVM start per call and also
-    lower-cases and drops punctuation; unlike PTB, "dog's" stays one token, exactly as the
-    vocabulary sees it.
-    """
+
+def _normalise(text: str) -> str:
+    """The "simple" tokenizer: the project's (captioner.data.vocab.tokenize) without punctuation
+    tokens, space-joined. Used only when Java, and so coco-caption's PTB tokenizer, is absent; it
+    lower-cases and drops punctuation as PTB does, but splits differently: "man's" stays one token
+    (PTB: "man 's") and "t-shirt" becomes two (PTB keeps "t-shirt")."""
     return " ".join(t for t in tokenize(text) if any(ch.isalnum() for ch in t))
+
+
+def resolve_tokenizer(tokenizer: str = "auto") -> str:
+    """"auto" -> "ptb" when Java is on PATH (coco-caption's Stanford PTB tokenizer, what published
+    tables use), else "simple". Explicit names are checked; "ptb" without Java is an error."""
+    if tokenizer == "auto":
+        return "ptb" if shutil.which("java") is not None else "simple"
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: auto, {', '.join(TOKENIZERS)}")
+    if tokenizer == "ptb" and shutil.which("java") is None:
+        raise ValueError("tokenizer 'ptb' needs Java (`java` on PATH); use 'simple' or 'auto'")
+    return tokenizer
+
+
+def tokenize_captions(captions: dict[Any, list[str]], tokenizer: str) -> dict[Any, list[str]]:
+    """Tokenize {key: [caption, ...]} for scoring: lower-case, punctuation dropped, tokens joined by
+    spaces. "ptb" runs coco-caption's PTBTokenizer once (one JVM start) over every caption."""
+    if tokenizer == "simple":
+        return {k: [_normalise(c) for c in caps] for k, caps in captions.items()}
+    if tokenizer != "ptb":
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    # PTB reads one caption per line: a line break inside a caption would shift every later one.
+    keyed = {i: [{"caption": " ".join(c.split()) or "."} for c in caps]
+             for i, caps in enumerate(captions.values())}
+    out = PTBTokenizer().tokenize(keyed)
+    keys = list(captions)
+    result = {keys[i]: out.get(i, []) for i in range(len(keys))}
+    sizes = [(len(result[k]), len(captions[k])) for k in keys]
+    if any(a != b for a, b in sizes):
+        raise RuntimeError("the PTB tokenizer returned a different number of captions than it was given")
+    return result
 
 
 def caption_scores(
@@ -48,6 +82,7 @@ def caption_scores(
     meteor: bool = True,
     metrics: Sequence[str] | None = None,
     meteor_timeout_s: float = 600.0,
+    tokenizer: str = "auto",
 ) -> dict[str, float | None]:
     """Corpus-level caption metrics on the 0-100 scale.
 
@@ -59,6 +94,8 @@ def caption_scores(
         metrics: names to compute (default all of CAPTION_METRICS), e.g. ("BLEU-4", "CIDEr-D")
             for fast validation during training. Only these keys are returned.
         meteor_timeout_s: a METEOR run longer than this is killed and reported as None.
+        tokenizer: "auto" (PTB when Java is present, as papers score; else "simple"), "ptb" or
+            "simple"; ``resolve_tokenizer`` tells which "auto" picks, for reporting beside the scores.
 
     Returns:
         name -> score, or None for METEOR when Java is missing, it was skipped, or it failed
@@ -83,8 +120,11 @@ def caption_scores(
 
     # coco-caption scorers take {id: [tokenised sentence, ...]} with one hypothesis per id
     ids = sorted(predictions)
-    res = {i: [_normalise(predictions[i])] for i in ids}
-    gts = {i: [_normalise(r) for r in references[i]] for i in ids}
+    tokenizer = resolve_tokenizer(tokenizer)
+    both = tokenize_captions({**{("res", i): [predictions[i]] for i in ids},
+                              **{("gts", i): list(references[i]) for i in ids}}, tokenizer)
+    res = {i: both[("res", i)] for i in ids}
+    gts = {i: both[("gts", i)] for i in ids}
 
     out: dict[str, float | None] = {}
     if any(m.startswith("BLEU") for m in wanted):
@@ -306,3 +346,23 @@ class CocoInstanceRegions:
                 mask |= self.coco.annToMask(ann).astype(bool)
             values.append(grounding_from_mask(alphas[i], grid_hw, mask))
         return float(np.mean(values)) if values else None
+
+
+def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
+    """How peaked attention is, over every generated word: ``alpha_max`` is the mean of max_i α_ti
+    (uniform attention gives 1/L) and ``alpha_entropy`` the mean of H(α_t) / log L (uniform gives 1,
+    one-hot 0). ``alphas`` yields one (n_words, L) array per caption; ``locations`` is L. None when
+    there are no words."""
+    maxima, entropies, L = [], [], None
+    for a in alphas:
+        a = _as_numpy(a).astype(np.float64)
+        if a.ndim != 2 or a.shape[0] == 0:
+            continue
+        L = a.shape[1]
+        maxima.append(a.max(axis=1))
+        p = np.clip(a, 1e-12, 1.0)
+        entropies.append(-(a * np.log(p)).sum(axis=1) / max(np.log(L), 1e-12))
+    if not maxima:
+        return {"alpha_max": None, "alpha_entropy": None, "locations": L}
+    return {"alpha_max": float(np.concatenate(maxima).mean()),
+            "alpha_entropy": float(np.concatenate(entropies).mean()), "locations": L}

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -227,11 +226,14 @@ def _all_finite(model: nn.Module) -> bool:
 # --------------------------------------------------------------------------- validation
 
 
-def score_captions(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float | None]:
-    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references (METEOR skipped: its Java start-up dominates a small val set)."""
+def score_captions(predictions: dict[str, str], references: dict[str, list[str]],
+                   meteor: bool = False) -> dict[str, float | None]:
+    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references, PTB-tokenized when Java is present (as
+    ``captioner evaluate`` scores); METEOR only when asked (``train.val_metric: METEOR``): its JVM
+    start costs seconds per validation."""
     from captioner.metrics import caption_scores
 
-    return caption_scores(predictions, references, meteor=False)
+    return caption_scores(predictions, references, meteor=meteor)
 
 
 @torch.no_grad()
@@ -258,15 +260,22 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = prepare(batch.inputs.to(device))  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        predictions = {record.image_id: " ".join(words) for record, _, words in
-                       decode_batches(model, batches(), beam_size=1, max_length=cfg.eval.max_length,
-                                      attention_mode=mode, autocast=amp)}
+        predictions, word_alphas = {}, []
+        for record, best, words in decode_batches(model, batches(), beam_size=1, attention_mode=mode, autocast=amp):
+            predictions[record.image_id] = " ".join(words)
+            if best.alphas is not None:
+                word_alphas.append(best.alphas[: len(words)].float().cpu())  # (n_words, L)
         references = {record.image_id: record.raw for record in decode_set.records}
-        scores = score_captions(predictions, references)
+        scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
     finally:
         model.train(was_training)
-    result: dict[str, float | None] = {"val_loss": total / max(count, 1)}
+    from captioner.metrics import attention_sharpness, resolve_tokenizer
+
+    result: dict[str, Any] = {"val_loss": total / max(count, 1)}
     result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
+    sharp = attention_sharpness(word_alphas)
+    result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
+                   "tokenizer": resolve_tokenizer("auto")})
     return result
 
 
@@ -475,14 +484,19 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                           "items_per_s": round(len(loader.sampler) / max(train_time, 1e-9), 1)})
             progress.history.append(entry)
             value = entry.get(t.val_metric)
+            if value is None:
+                raise TrainingError(
+                    f"validation produced no {t.val_metric} score (epoch {epoch + 1}), so no checkpoint can be "
+                    f"chosen by train.val_metric={t.val_metric}" + (" (METEOR needs Java on PATH)"
+                                                                     if t.val_metric == "METEOR" else ""))
             improved = value is not None and (progress.best["value"] is None or value > progress.best["value"])
             if improved:
                 progress.best = {"metric": t.val_metric, "value": value, "epoch": epoch + 1}
                 progress.bad_epochs = 0
             else:
                 progress.bad_epochs += 1
-            stop = (progress.bad_epochs >= t.patience
-                    or (t.time_budget_s > 0 and time.monotonic() - started > t.time_budget_s))
+            stop = progress.bad_epochs >= t.patience or _out_of_time(t.time_budget_s, time.monotonic() - started,
+                                                                      time.monotonic() - epoch_start)
             if writer is not None:
                 for k, v in entry.items():
                     if isinstance(v, (int, float)) and k not in ("epoch", "step"):
@@ -505,9 +519,6 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                          "patience" if progress.bad_epochs >= t.patience else "time budget")
             break
 
-    if is_main and not (run_dir / "best.pt").exists() and (run_dir / "last.pt").exists():
-        # No epoch produced a score (e.g. a metric that is None everywhere): best is the last.
-        shutil.copyfile(run_dir / "last.pt", run_dir / "best.pt")
     if os.environ.get(WEIGHTS_HASH_ENV):
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / f"weights-rank{rank}.sha256").write_text(_weights_hash(model) + "\n")
@@ -517,13 +528,20 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     return run_dir
 
 
+def _out_of_time(budget_s: float, elapsed_s: float, last_epoch_s: float) -> bool:
+    """Stop when another epoch like the last one (training + validation) would end past the budget:
+    a run given an hour then takes at most about an hour, rather than overshooting by an epoch."""
+    return budget_s > 0 and elapsed_s + last_epoch_s > budget_s
+
+
 def _summary(entry: dict, metric: str, improved: bool) -> str:
     def fmt(key: str) -> str:
         value = entry.get(key)
         return "-" if value is None else f"{value:.2f}"
 
     return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
-            f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  ({entry['time_s']:.0f}s)"
+            f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  max alpha {fmt('alpha_max')}  "
+            f"({entry['time_s']:.0f}s)"
             + (f"  best {metric}" if improved else ""))
 
 

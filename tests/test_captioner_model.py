@@ -95,3 +95,60 @@ def test_hard_beam_search_and_caption_carry_locations(vocab):
     assert all(0 <= i < H * W for i in out["locations"])
     (soft_out,) = model.caption([image], beam=2, attention_mode="expectation")
     assert soft_out["locations"] is None
+
+
+def _crafted_step(end_first: float, word_first: float, end_after: float, word_after: float = -50.0):
+    """A step function for model.decoder.step: from <start>, <end> costs ``end_first`` and the word
+    "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a" ``word_after``;
+    everything else is (nearly) impossible."""
+
+    def step(tokens, state, attention_mode="soft"):
+        N = tokens.shape[0]
+        log_probs = torch.full((N, 8), -50.0)
+        at_start = tokens == 1
+        log_probs[at_start, 2] = end_first
+        log_probs[at_start, 4] = word_first
+        log_probs[~at_start, 2] = end_after
+        log_probs[~at_start, 4] = word_after
+        L = state[-1].shape[1] if state[-1].dim() > 2 else 4
+        return log_probs, torch.full((N, L), 1.0 / L), state
+
+    return step
+
+
+def _tiny_vocab():
+    return Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "red", "blue", "circle"])
+
+
+@pytest.mark.parametrize("length_penalty, expected", [(0.0, []), (1.0, ["a"])])
+def test_eval_length_penalty_reaches_generate_and_the_decode_loop(length_penalty, expected, monkeypatch):
+    """Raw scores: "<end>" -1.0 beats "a <end>" -1.2; per word (penalty 1) -0.6 beats -1.0."""
+    from captioner.evaluate import decode_batches
+
+    model = build_model(load_config(SMOKE, [f"eval.length_penalty={length_penalty}"]), _tiny_vocab()).eval()
+    monkeypatch.setattr(model.decoder, "step", _crafted_step(-1.0, -0.6, -0.6))
+    H, W = model.grid_hw
+    grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
+    hyps = model.generate(grid, beam_size=3)
+    assert [model.vocab.decode(per_image[0].tokens) for per_image in hyps] == [expected, expected]
+    # The decode loop behind `captioner evaluate` and validation uses the model's value...
+    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], beam_size=3))
+    assert words == expected
+    # ...and an explicit value (`captioner evaluate/caption --length-penalty`) wins.
+    other = [] if expected else ["a"]
+    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], beam_size=3,
+                                           length_penalty=1.0 - length_penalty))
+    assert words == other
+
+
+def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
+    model = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=0"]), _tiny_vocab()).eval()
+    assert model.max_length == 7
+    monkeypatch.setattr(model.decoder, "step", _crafted_step(-5.0, -0.1, -5.0, -0.1))
+    # The crafted model prefers "a" to <end> at every step: the caption uses the whole allowance.
+    H, W = model.grid_hw
+    grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
+    (per_image,) = model.generate(grid, beam_size=1)
+    assert len(per_image[0].tokens) == 7
+    explicit = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=3"]), _tiny_vocab())
+    assert explicit.max_length == 3

@@ -209,3 +209,26 @@ def test_extract_command(tmp_path, monkeypatch, capsys):
     assert index["grid_hw"] == [4, 4] and index["dim"] == 40 and set(index["rows"]) == {"id0", "id1", "id2"}
     assert feat.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 1
     assert "cannot be cached" in capsys.readouterr().err
+
+
+def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path, monkeypatch, capsys):
+    """Flickr8k as built here has no test split: the default extracts train and val and says so;
+    naming the missing split is still an error."""
+    from captioner.data import datasets
+
+    records = {"train": make_images(tmp_path / "images", 2), "val": []}
+
+    def load_records(data, split):
+        if split not in records:
+            raise datasets.DataError(f"dataset.json: split {split!r} has no images")
+        return records[split]
+
+    monkeypatch.setattr(datasets, "load_records", load_records)
+    argv = ["--set", f"data.root={tmp_path}", "--set", "model.encoder.pretrained=false",
+            "--set", f"model.encoder.input_size={SIZE}", "--set", "model.encoder.stage=2",
+            "--set", "data.num_workers=0", "--no-progress"]
+    assert feat.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skipping split 'test'" in out and "2 grids cached" in out
+    assert feat.main(argv + ["--splits", "train,test"]) == 1
+    assert "split 'test' has no images" in capsys.readouterr().err

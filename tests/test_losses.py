@@ -49,10 +49,21 @@ def test_doubly_stochastic_penalty_counts_real_steps_only():
     assert doubly_stochastic_penalty(alphas, mask).item() == pytest.approx(expected)
 
 
-def test_soft_loss_combines_parts_with_alpha_c():
+def test_soft_loss_weighs_the_penalty_against_the_captions_summed_nll():
+    """Eq. (14) per caption: Σ_t NLL + λ Σ_i (1 - Σ_t α_ti)², summed over captions and divided by
+    the number of real words (so the XE part is the per-token mean and λ is the paper's λ)."""
     out, targets = _output()
     res = soft_attention_loss(out, targets, alpha_c=2.0)
-    assert res.loss.item() == pytest.approx(res.parts["xe"].item() + 2.0 * res.parts["alpha_penalty"].item(), rel=1e-6)
+    nll = F.cross_entropy(out.logits.detach().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    per_caption = []
+    for b in range(targets.shape[0]):
+        m = out.mask[b]
+        coverage = out.alphas[b][m].sum(0)  # (L,)
+        per_caption.append(nll[b][m].sum() + 2.0 * ((1 - coverage) ** 2).sum())
+    expected = torch.stack(per_caption).sum() / out.mask.sum()
+    assert res.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    # The logged penalty stays the per-caption mean of Σ_i (1 - Σ_t α_ti)².
+    assert res.parts["alpha_penalty"].item() == pytest.approx(doubly_stochastic_penalty(out.alphas, out.mask).item())
     res.loss.backward()
     assert out.logits.grad[~out.mask].abs().max() == 0  # no gradient reaches padded steps
 

@@ -154,3 +154,35 @@ def test_grounding_from_mask_and_mean():
     assert grounding_from_mask(alpha_on([0, 15]), GRID, mask) == pytest.approx(0.5)
     assert mean_grounding([1.0, None, 0.0, None]) == pytest.approx(0.5)
     assert mean_grounding([None, None]) is None
+
+
+# ------------------------------------------------------------------ tokenizers
+
+
+def test_simple_tokenizer_differs_from_ptb_where_expected():
+    caps = {"a": ["A man's red T-shirt, on the grass."]}
+    assert metrics.tokenize_captions(caps, "simple") == {"a": ["a man's red t shirt on the grass"]}
+
+
+@pytest.mark.skipif(metrics.shutil.which("java") is None, reason="the PTB tokenizer needs Java")
+def test_ptb_tokenizer_splits_possessives_and_keeps_hyphens():
+    caps = {"a": ["A man's red T-shirt, on the grass.", ""], "b": ["Two dogs\nplay ."]}
+    assert metrics.tokenize_captions(caps, "ptb") == {
+        "a": ["a man 's red t-shirt on the grass", ""], "b": ["two dogs play"]}
+    # The difference reaches the scores: a candidate written "man 's" matches a reference written
+    # "man's" under PTB (both become "man 's"), not under the simple tokenizer ("man s" vs "man's").
+    preds = {"1": "a man 's red t-shirt"}
+    refs = {"1": ["A man's red T-shirt."]}
+    assert caption_scores(preds, refs, meteor=False, tokenizer="ptb")["BLEU-4"] == pytest.approx(100.0, abs=1e-3)
+    assert caption_scores(preds, refs, meteor=False, tokenizer="simple")["BLEU-4"] < 50.0
+
+
+def test_tokenizer_choice_follows_java(monkeypatch):
+    monkeypatch.setattr(metrics.shutil, "which", lambda name: None)
+    assert metrics.resolve_tokenizer("auto") == "simple"
+    with pytest.raises(ValueError, match="Java"):
+        metrics.resolve_tokenizer("ptb")
+    with pytest.raises(ValueError, match="auto, ptb, simple"):
+        metrics.resolve_tokenizer("moses")
+    monkeypatch.setattr(metrics.shutil, "which", lambda name: "/usr/bin/java")
+    assert metrics.resolve_tokenizer("auto") == "ptb"

@@ -39,7 +39,7 @@ def fake_scores(monkeypatch):
     plus a per-call counter so tests can script improvements."""
     calls = []
 
-    def score(predictions, references):
+    def score(predictions, references, meteor=False):
         calls.append(predictions)
         value = 100.0 * sum(bool(p) for p in predictions.values()) / max(len(predictions), 1)
         return {"BLEU-4": value, "CIDEr-D": value}
@@ -131,7 +131,7 @@ def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_s
 
 def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):
     values = iter([10.0, 30.0, 20.0, 25.0, 5.0, 99.0])
-    monkeypatch.setattr(train_mod, "score_captions", lambda p, r: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
+    monkeypatch.setattr(train_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=6", "train.patience=2"))
     assert [e["epoch"] for e in _metrics(run)] == [1, 2, 3, 4]  # no gain in epochs 3 and 4: stop
     best = load_checkpoint(run / "best.pt")
@@ -141,6 +141,14 @@ def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):
 def test_time_budget_stops_after_the_crossing_epoch(data_root, tmp_path, fake_scores):
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=5", "train.time_budget_s=0.001"))
     assert [e["epoch"] for e in _metrics(run)] == [1]
+
+
+def test_time_budget_stops_before_an_epoch_that_would_not_fit():
+    from captioner.train import _out_of_time
+
+    assert not _out_of_time(3600, elapsed_s=3000, last_epoch_s=500)  # 3500 s: one more fits
+    assert _out_of_time(3600, elapsed_s=3200, last_epoch_s=500)  # would end at 3700 s
+    assert not _out_of_time(0, elapsed_s=1e9, last_epoch_s=1e9)  # 0 = no budget
 
 
 def test_validation_decodes_for_real(data_root, tmp_path, monkeypatch):
@@ -161,7 +169,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
 
     seen = []
 
-    def score(predictions, references):
+    def score(predictions, references, meteor=False):
         seen.append(dict(predictions))
         return {"BLEU-4": 0.0, "CIDEr-D": 0.0}
 
@@ -171,7 +179,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
     model = load_captioner(run)
     cache = FeatureCache.open(cache_dir_for(cfg.data, model.encoder.fingerprint()))
     records = load_records(cfg.data, "val")
-    result = evaluate_model(model, records, beam_size=1, max_length=cfg.eval.max_length, cache=cache,
+    result = evaluate_model(model, records, beam_size=1, cache=cache,
                             meteor=False, progress=False)
     (validated,) = seen
     assert validated == result["predictions"]

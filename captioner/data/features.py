@@ -321,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="captioner extract", description="Precompute the frozen encoder's grids "
                                      "of every image of the given splits into one feature cache.")
     add_config_arguments(parser)
-    parser.add_argument("--splits", default="train,val,test", help="comma-separated splits (default: all three)")
+    parser.add_argument("--splits", default=None,
+                        help="comma-separated splits (default: train, val and test, skipping a split the data set "
+                             "does not have, such as Flickr8k's withheld test split)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
     parser.add_argument("--num-workers", type=int, default=None, help="default: data.num_workers")
     parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
@@ -340,8 +342,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 grid_size=enc.grid_size or None)
         from captioner.data.datasets import load_records  # lazy: owned by the training engineer
 
-        splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-        records = [r for split in splits for r in load_records(cfg.data, split)]
+        from captioner.data.datasets import DataError
+
+        if args.splits is None:  # every split the data set has
+            splits, records = [], []
+            for split in ("train", "val", "test"):
+                try:
+                    records += load_records(cfg.data, split)
+                    splits.append(split)
+                except DataError as err:
+                    if "has no images" not in str(err):
+                        raise
+                    print(f"note: skipping split {split!r}: {err}")
+        else:  # asked for by name: a missing split is an error
+            splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+            records = [r for split in splits for r in load_records(cfg.data, split)]
         out_dir = cache_dir_for(cfg.data, encoder.fingerprint())
         print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
               f"(grid {encoder.grid_hw[0]}x{encoder.grid_hw[1]}x{encoder.backbone_dim}) into {out_dir}")

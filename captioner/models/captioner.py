@@ -56,6 +56,8 @@ class Captioner(nn.Module):
         refine: optional self-attention over the grid (identity when it has no layers).
         attention_kind: "soft", "hard", "key_value" or "multi_head" (recorded in outputs).
         attention_mode: default decoding mode for hard attention (expectation | argmax | sample).
+        max_length: default for the most words a decoded caption may have.
+        length_penalty: default beam-search ranking exponent (score / length ** length_penalty).
     """
 
     def __init__(
@@ -66,6 +68,8 @@ class Captioner(nn.Module):
         refine: nn.Module | None = None,
         attention_kind: str = "soft",
         attention_mode: str = "expectation",
+        max_length: int = 20,
+        length_penalty: float = 1.0,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -74,6 +78,8 @@ class Captioner(nn.Module):
         self.vocab = vocab
         self.attention_kind = attention_kind
         self.attention_mode = attention_mode
+        self.max_length = max_length
+        self.length_penalty = length_penalty
         self.config: Config | None = None
 
     @property
@@ -119,18 +125,21 @@ class Captioner(nn.Module):
         self,
         grid: torch.Tensor,
         beam_size: int = 1,
-        max_length: int = 20,
+        max_length: int | None = None,
         attention_mode: str | None = None,
         n_best: int = 1,
-        length_penalty: float = 1.0,
+        length_penalty: float | None = None,
         min_length: int = 0,
     ) -> list[list[Any]]:
         """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words).
 
+        ``max_length`` / ``length_penalty`` default to the model's (from the config it was built with).
         In hard attention's "sample"/"argmax" modes each Hypothesis also has ``locations``.
         """
         from captioner.search import beam_search, greedy_search
 
+        max_length = self.max_length if max_length is None else max_length
+        length_penalty = self.length_penalty if length_penalty is None else length_penalty
         mode = self.decode_mode(attention_mode)
         state = self.decoder.init_state(grid)
         chosen = mode in ("sample", "argmax")  # hard attention reads one cell per word: report which
@@ -165,8 +174,9 @@ class Captioner(nn.Module):
         images: Sequence[Any],
         beam: int = 3,
         attention_mode: str | None = None,
-        max_length: int = 20,
+        max_length: int | None = None,
         n_best: int = 1,
+        length_penalty: float | None = None,
     ) -> list[dict]:
         """Caption PIL images or image paths.
 
@@ -187,7 +197,7 @@ class Captioner(nn.Module):
             grid = self.encode(batch)  # (B, L, D)
             mode = self.decode_mode(attention_mode)
             hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
-                                 n_best=n_best)
+                                 n_best=n_best, length_penalty=length_penalty)
         finally:
             self.train(was_training)
         results = []
@@ -212,6 +222,12 @@ class Captioner(nn.Module):
 def _hypothesis_words(vocab: Vocab, hyp: Any) -> dict:
     words = vocab.decode(hyp.tokens, keep_unk=True)
     return {"caption": " ".join(words), "words": words, "score": float(hyp.score)}
+
+
+def decode_max_length(cfg: Config) -> int:
+    """The most words a decoded caption may have: ``eval.max_length``, or when that is 0, the
+    longest caption training saw (``data.max_length``)."""
+    return cfg.eval.max_length or cfg.data.max_length
 
 
 def build_model(cfg: Config, vocab: Vocab) -> Captioner:
@@ -250,7 +266,8 @@ def build_model(cfg: Config, vocab: Vocab) -> Captioner:
         pad_id=vocab.pad_id,
     )
     model = Captioner(encoder, decoder, vocab, refine=refine, attention_kind=att.kind,
-                      attention_mode=cfg.eval.attention_mode)
+                      attention_mode=cfg.eval.attention_mode, max_length=decode_max_length(cfg),
+                      length_penalty=cfg.eval.length_penalty)
     model.config = cfg
     return model
 
