@@ -86,6 +86,7 @@ class DecoderConfig:
     hidden_dim: int = 512
     gate: str = "scalar"  # scalar (the paper) | vector (per channel) | none
     dropout: float = 0.5
+    feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
 
 
 @dataclass
@@ -117,7 +118,8 @@ class TrainConfig:
     lr_step_epochs: int = 8
     lr_gamma: float = 0.5
     grad_clip: float = 5.0
-    alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14)
+    alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14), per caption as in the paper
+    alpha_entropy: float = 0.0  # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
     hard: HardConfig = field(default_factory=HardConfig)
     val_metric: str = "CIDEr-D"
     patience: int = 5
@@ -174,11 +176,11 @@ NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
     "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
-    "train.grad_clip", "train.alpha_c", "train.hard.reinforce_weight", "train.hard.entropy_weight",
+    "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
     "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
 )
 UNIT_INTERVAL = (
-    "model.decoder.dropout", "data.max_failure_share", "train.hard.baseline_decay",
+    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "train.hard.baseline_decay",
     "train.hard.expectation_prob", "train.lr_gamma",
 )
 

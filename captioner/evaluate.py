@@ -131,6 +131,7 @@ def evaluate_model(
         "grounding": mean_grounding(per_image_grounding) if grounded else None,
         "grounding_words_images": len(grounded),
         "n_images": len(records),
+        "grids": "feature cache" if cache is not None else "images",
         "beam_size": beam_size,
         "max_length": max_length,
         "length_penalty": length_penalty,
@@ -139,10 +140,22 @@ def evaluate_model(
     }
 
 
+def cached_grids(model, records: Sequence) -> Any:
+    """The feature cache of the model's frozen backbone when it holds every record's grid (the same
+    fp16 grids training validated on, and no CNN to run), else None: encode the images."""
+    from captioner.data.features import cache_dir_for, open_complete_cache
+
+    cfg = model.config
+    if cfg is None or cfg.model.encoder.finetune_blocks > 0 or not cfg.data.use_cache:
+        return None
+    fingerprint = model.encoder.fingerprint()
+    return open_complete_cache(cache_dir_for(cfg.data, fingerprint), records, fingerprint)
+
+
 def format_table(result: dict, split: str) -> str:
     head = (f"split={split}  images={result['n_images']}  beam={result['beam_size']}  "
             f"length_penalty={result['length_penalty']:g}  max_length={result['max_length']}  "
-            f"decoding={result['attention_mode']}")
+            f"decoding={result['attention_mode']}  grids from {result['grids']}")
     rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
                                                          if result["tokenizer"] == "ptb" else
                                                          "  (no Java: not PTB, scores differ slightly "
@@ -180,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
     parser.add_argument("--instances", default=None,
                         help="COCO instances_*.json: also report attention grounding on instance masks")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="encode every image even when the feature cache of this frozen encoder holds its grid")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
@@ -209,8 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
+    cache = None if args.no_cache else cached_grids(model, records)
     result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
-                            length_penalty=args.length_penalty, tokenizer=tokenizer,
+                            length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
                             meteor=not args.no_meteor, progress=not args.json, instances=args.instances)
     result["split"] = split

@@ -351,8 +351,8 @@ class CocoInstanceRegions:
 def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
     """How peaked attention is, over every generated word: ``alpha_max`` is the mean of max_i α_ti
     (uniform attention gives 1/L) and ``alpha_entropy`` the mean of H(α_t) / log L (uniform gives 1,
-    one-hot 0). ``alphas`` yields one (n_words, L) array per caption; ``locations`` is L. None when
-    there are no words."""
+    one-hot 0), averaged over words. ``alphas`` yields one (n_words, L) array per caption; the result
+    also gives ``locations`` (L). Both figures are None when there are no words."""
     maxima, entropies, L = [], [], None
     for a in alphas:
         a = _as_numpy(a).astype(np.float64)

@@ -72,29 +72,17 @@ def _records(cfg: Config, split: str, rank: int, world: int) -> list[ImageRecord
 
 def _feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord], rank: int, world: int) -> Any:
     """Open the feature cache of this encoder, extracting it first when incomplete (rank 0 only)."""
-    from captioner.data.features import FeatureCache, cache_dir_for, extract_features
+    from captioner.data.features import FeatureCache, cache_dir_for, extract_features, open_complete_cache
 
     fingerprint = model.encoder.fingerprint()
     directory = cache_dir_for(cfg.data, fingerprint)
-    if rank == 0 and not _cache_complete(directory, records, fingerprint):
+    if rank == 0 and open_complete_cache(directory, records, fingerprint) is None:
         log.info("extracting encoder grids for %d images into %s", len(records), directory)
         extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
                          num_workers=cfg.data.num_workers, max_failure_share=cfg.data.max_failure_share,
                          progress=True)
     barrier(world)
     return FeatureCache.open(directory, expected_fingerprint=fingerprint)
-
-
-def _cache_complete(directory: Path, records: list[ImageRecord], fingerprint: dict) -> bool:
-    from captioner.data.features import FeatureCache, FeatureCacheError
-
-    if not (directory / "index.json").exists():
-        return False
-    try:
-        cache = FeatureCache.open(directory, expected_fingerprint=fingerprint)
-    except FeatureCacheError:  # incomplete or another encoder's: extraction resumes it or says what is wrong
-        return False
-    return all(r.image_id in cache for r in records)
 
 
 def _drop_uncached(records: list[ImageRecord], cache: Any, split: str) -> list[ImageRecord]:
@@ -169,7 +157,7 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
     targets = batch.captions[:, 1:]  # (B, T-1)
     if not hard:
         out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="soft")
-        return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c)
+        return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
     h = cfg.train.hard
     B = batch.captions.shape[0]
     expectation = torch.rand(B) < h.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
@@ -177,7 +165,7 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
     out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="sample", expectation_mask=expectation)
     return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
                                reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
-                               sampled=~expectation)
+                               sampled=~expectation, alpha_entropy=cfg.train.alpha_entropy)
 
 
 def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:

@@ -197,3 +197,17 @@ def test_state_can_be_reordered_and_expanded_for_beam_search():
     assert all(s.shape[0] == 12 for s in new_state)
     assert torch.allclose(log_probs.view(4, 3, V), base.unsqueeze(1).expand(4, 3, V), atol=1e-5)
     assert torch.allclose(log_probs.exp().sum(-1), torch.ones(12), atol=1e-5)
+
+
+def test_feature_dropout_acts_in_training_only():
+    grid, captions, lengths = batch()
+    plain = make()
+    torch.manual_seed(0)
+    dropped = ShowAttendTellDecoder(V, D, embed_dim=16, hidden_dim=20, attention_dim=16, dropout=0.0,
+                                    feature_dropout=0.5)
+    dropped.load_state_dict(plain.state_dict())
+    plain.eval(), dropped.eval()
+    with torch.no_grad():
+        assert torch.equal(plain(grid, captions, lengths).logits, dropped(grid, captions, lengths).logits)
+        dropped.train()
+        assert not torch.allclose(plain(grid, captions, lengths).logits, dropped(grid, captions, lengths).logits)

@@ -49,6 +49,16 @@ def test_evaluate_json(demo_run, capsys):
     for name in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
         assert 0.0 <= result["scores"][name] <= 100.0 or name == "CIDEr-D"
     assert result["grounding"] is None or 0.0 <= result["grounding"] <= 1.0
+    assert result["tokenizer"] in ("ptb", "simple")
+    assert result["grids"] == "feature cache"  # the demo's frozen encoder cached every grid
+    L = result["locations"]
+    assert 1.0 / L - 1e-6 <= result["alpha_max"] <= 1.0 and 0.0 <= result["alpha_entropy"] <= 1.0 + 1e-6
+    # The table says the same, with the tokenizer named.
+    assert cli(["evaluate", "--checkpoint", str(run_dir), "--split", "val", "--beam", "2", "--no-meteor",
+                "--tokenizer", "simple", "--length-penalty", "0.5"]) == 0
+    table = capsys.readouterr().out
+    assert "tokenizer=simple" in table and "length_penalty=0.5" in table
+    assert "alpha max" in table and "alpha ent" in table
 
 
 @pytest.mark.slow

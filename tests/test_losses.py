@@ -171,3 +171,24 @@ def test_reinforce_gradient_matches_enumeration(baseline):
     biased = _sampled_gradients(params, baseline, reinforce_weight=0.0)
     se = per_sample["w1"].std(0) / per_sample["w1"].shape[0] ** 0.5
     assert torch.any((biased["w1"].mean(0) - exact["w1"]).abs() > 5 * se)
+
+
+def test_attention_entropy_term_is_normalised_and_weighted():
+    from captioner.losses import attention_entropy
+
+    L = 6
+    mask = torch.tensor([[True, True, False]])
+    uniform = torch.full((1, 3, L), 1.0 / L)
+    one_hot = torch.zeros(1, 3, L)
+    one_hot[..., 2] = 1.0
+    assert attention_entropy(uniform, mask).item() == pytest.approx(1.0)
+    assert attention_entropy(one_hot, mask).item() == pytest.approx(0.0, abs=1e-6)
+    mixed = torch.cat([uniform[:, :1], one_hot[:, 1:]], dim=1)  # one uniform word, one one-hot word
+    assert attention_entropy(mixed, mask).item() == pytest.approx(0.5)
+
+    out, targets = _output()
+    base = soft_attention_loss(out, targets, alpha_c=0.0)
+    sharp = soft_attention_loss(out, targets, alpha_c=0.0, alpha_entropy=0.3)
+    expected = 0.3 * attention_entropy(out.alphas, out.mask).item()
+    assert sharp.loss.item() - base.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert sharp.parts["alpha_entropy"].item() == pytest.approx(expected / 0.3, rel=1e-6)

@@ -186,3 +186,17 @@ def test_tokenizer_choice_follows_java(monkeypatch):
         metrics.resolve_tokenizer("moses")
     monkeypatch.setattr(metrics.shutil, "which", lambda name: "/usr/bin/java")
     assert metrics.resolve_tokenizer("auto") == "ptb"
+
+
+def test_attention_sharpness_of_uniform_and_one_hot_attention():
+    L = 49
+    uniform = np.full((5, L), 1.0 / L)
+    one_hot = np.eye(L)[:3]
+    s = metrics.attention_sharpness([uniform])
+    assert s["alpha_max"] == pytest.approx(1.0 / L) and s["alpha_entropy"] == pytest.approx(1.0) and s["locations"] == L
+    s = metrics.attention_sharpness([one_hot])
+    assert s["alpha_max"] == pytest.approx(1.0) and s["alpha_entropy"] == pytest.approx(0.0, abs=1e-9)
+    # Averaged over words, not captions: 5 uniform words and 3 one-hot words.
+    s = metrics.attention_sharpness([uniform, torch.from_numpy(one_hot), np.zeros((0, L))])
+    assert s["alpha_max"] == pytest.approx((5 / L + 3) / 8)
+    assert metrics.attention_sharpness([])["alpha_max"] is None

@@ -222,3 +222,23 @@ def test_finetuning_reads_images_and_trains_encoder_with_its_lr(data_root, tmp_p
     assert seen["lrs"] == [3.0e-3, 1.0e-3]
     after = seen["model"].encoder.backbone.state_dict()
     assert any(not torch.equal(seen["encoder"][k], after[k]) for k in after if after[k].is_floating_point())
+
+
+def test_meteor_selection_computes_meteor_and_a_missing_score_is_an_error(data_root, tmp_path, monkeypatch):
+    """train.val_metric=METEOR: validation asks for METEOR (it used not to, so `best` never moved);
+    a selection metric that comes back None stops training with a clear error instead of a silent
+    best.pt = last.pt."""
+    asked = []
+
+    def score(predictions, references, meteor=False):
+        asked.append(meteor)
+        return {"BLEU-4": 1.0, "CIDEr-D": 1.0, "METEOR": 7.0 if meteor else None}
+
+    monkeypatch.setattr(train_mod, "score_captions", score)
+    run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "train.val_metric=METEOR"))
+    assert asked == [True] and _metrics(run)[0]["METEOR"] == 7.0
+    assert load_checkpoint(run / "best.pt")["metrics"]["best"]["value"] == 7.0
+
+    monkeypatch.setattr(train_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
+    with pytest.raises(TrainingError, match="no METEOR score"):
+        train(_cfg(data_root, tmp_path / "run2", "train.epochs=1", "train.val_metric=METEOR"))

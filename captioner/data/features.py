@@ -168,6 +168,18 @@ class FeatureCache:
 # Extraction
 
 
+def open_complete_cache(directory: str | Path, records: Iterable[Any], fingerprint: dict) -> "FeatureCache | None":
+    """The cache in ``directory`` when it was made by this encoder and holds a grid for every record;
+    None when it is missing, incomplete or another encoder's (extraction then resumes or redoes it)."""
+    if not (Path(directory) / INDEX_FILE).exists():
+        return None
+    try:
+        cache = FeatureCache.open(directory, expected_fingerprint=fingerprint)
+    except FeatureCacheError:
+        return None
+    return cache if all(r.image_id in cache for r in records) else None
+
+
 class _ImageFiles(Dataset):
     """(row, transformed image, error) per image; decoding runs in DataLoader workers."""
 

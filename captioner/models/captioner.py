@@ -263,6 +263,7 @@ def build_model(cfg: Config, vocab: Vocab) -> Captioner:
         heads=att.heads,
         gate=dec.gate,
         dropout=dec.dropout,
+        feature_dropout=dec.feature_dropout,
         pad_id=vocab.pad_id,
     )
     model = Captioner(encoder, decoder, vocab, refine=refine, attention_kind=att.kind,

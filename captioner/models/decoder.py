@@ -65,13 +65,15 @@ class ShowAttendTellDecoder(nn.Module):
         heads: heads for "multi_head".
         gate: "scalar" (the paper's beta_t), "vector" (one gate per context channel) or "none".
         dropout: dropout on the deep output before L_o.
+        feature_dropout: dropout on the annotation vectors during teacher-forced training (not in the
+            paper; a frozen encoder's 6,000 Flickr8k grids are otherwise memorised within a few epochs).
         pad_id: id of <pad> (its embedding stays zero).
     """
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
                  attention: str = "soft", heads: int = 1, gate: str = "scalar",
-                 dropout: float = 0.5, pad_id: int = 0) -> None:
+                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0) -> None:
         super().__init__()
         if gate not in GATES:
             raise ValueError(f"unknown gate {gate!r}; valid gates: {', '.join(GATES)}")
@@ -90,6 +92,7 @@ class ShowAttendTellDecoder(nn.Module):
         self.out_h = nn.Linear(hidden_dim, embed_dim)  # L_h
         self.out_z = nn.Linear(context_dim, embed_dim, bias=False)  # L_z (L_h carries the bias)
         self.dropout = nn.Dropout(dropout)
+        self.feature_dropout = nn.Dropout(feature_dropout)
         self.out = nn.Linear(embed_dim, vocab_size)  # L_o
 
     @property
@@ -175,7 +178,7 @@ class ShowAttendTellDecoder(nn.Module):
             raise ValueError(f"lengths must lie in [2, T={T}] (<start> and <end> included); "
                              f"got {shortest + 1}..{longest + 1}")
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
-        grid_s = grid.index_select(0, order)  # (B, L, D)
+        grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
         word_gates, step_weights = self._lstm_weights(emb_s)  # (B, T-1, 4H) for all steps at once
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
