@@ -193,14 +193,19 @@ def test_cache_dir_for():
     assert cache_dir_for(DataConfig(root="data/coco"), {**fp, "stage": 3}) != auto
 
 
+def _extract_argv(root: Path) -> list[str]:
+    """`captioner extract` arguments for a tiny random encoder over the data root ``root``."""
+    return ["--set", f"data.root={root}", "--set", "model.encoder.pretrained=false",
+            "--set", f"model.encoder.input_size={SIZE}", "--set", "model.encoder.stage=2",
+            "--set", "data.num_workers=0", "--no-progress"]
+
+
 def test_extract_command(tmp_path, monkeypatch, capsys):
     from captioner.data import datasets
 
     records = {"train": make_images(tmp_path / "images", 3), "val": [], "test": []}
     monkeypatch.setattr(datasets, "load_records", lambda data, split: records[split])
-    argv = ["--set", f"data.root={tmp_path}", "--set", "model.encoder.pretrained=false",
-            "--set", f"model.encoder.input_size={SIZE}", "--set", "model.encoder.stage=2",
-            "--set", "data.num_workers=0", "--no-progress"]
+    argv = _extract_argv(tmp_path)
     assert feat.main(argv) == 0
     out = capsys.readouterr().out
     assert "images/s" in out and "3 grids cached" in out
@@ -224,9 +229,7 @@ def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path,
         return records[split]
 
     monkeypatch.setattr(datasets, "load_records", load_records)
-    argv = ["--set", f"data.root={tmp_path}", "--set", "model.encoder.pretrained=false",
-            "--set", f"model.encoder.input_size={SIZE}", "--set", "model.encoder.stage=2",
-            "--set", "data.num_workers=0", "--no-progress"]
+    argv = _extract_argv(tmp_path)
     assert feat.main(argv) == 0
     out = capsys.readouterr().out
     assert "skipping split 'test'" in out and "2 grids cached" in out
