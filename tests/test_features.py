@@ -225,7 +225,7 @@ def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path,
 
     def load_records(data, split):
         if split not in records:
-            raise datasets.DataError(f"dataset.json: split {split!r} has no images")
+            raise datasets.EmptySplitError(f"dataset.json: split {split!r} has no images")
         return records[split]
 
     monkeypatch.setattr(datasets, "load_records", load_records)

@@ -57,6 +57,10 @@ class DataError(ValueError):
     """A data file is missing or malformed; the message names the file and the entry."""
 
 
+class EmptySplitError(DataError):
+    """The data set has no images in the split asked for (e.g. Flickr8k built without its test split)."""
+
+
 @dataclass
 class ImageRecord:
     """One image and all its captions."""
@@ -141,7 +145,7 @@ def read_karpathy(path: str | Path, root: str | Path, split: str, restval: bool 
             captions=captions, raw=raw, objects=objects,
         ))
     if not records:
-        raise DataError(f"{path}: split {split!r} has no images")
+        raise EmptySplitError(f"{path}: split {split!r} has no images")
     _require_image_dirs(records, path, fmt)
     return records
 
@@ -229,7 +233,7 @@ def read_coco(annotation_files: Sequence[str | Path], root: str | Path, split: s
                                        captions=captions, raw=raw))
     if not records:
         source = split_file or ", ".join(map(str, annotation_files))
-        raise DataError(f"{source}: split {split!r} has no images")
+        raise EmptySplitError(f"{source}: split {split!r} has no images")
     _require_image_dirs(records, Path(annotation_files[0]), "coco")
     return records
 
@@ -278,7 +282,7 @@ def read_flickr8k(token_file: str | Path, split_dir: str | Path, root: str | Pat
         records.append(ImageRecord(image_id=Path(name).stem, path=Path(root) / name,
                                    captions=[tokenize(c) for c in raw], raw=raw))
     if not records:
-        raise DataError(f"{list_file}: split {split!r} has no images")
+        raise EmptySplitError(f"{list_file}: split {split!r} has no images")
     _require_image_dirs(records, list_file, "flickr8k")
     return records
 

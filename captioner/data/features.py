@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 grid_size=enc.grid_size or None)
         from captioner.data.datasets import load_records  # lazy: owned by the training engineer
 
-        from captioner.data.datasets import DataError
+        from captioner.data.datasets import EmptySplitError
 
         if args.splits is None:  # every split the data set has
             splits, records = [], []
@@ -362,9 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     records += load_records(cfg.data, split)
                     splits.append(split)
-                except DataError as err:
-                    if "has no images" not in str(err):
-                        raise
+                except EmptySplitError as err:
                     print(f"note: skipping split {split!r}: {err}")
         else:  # asked for by name: a missing split is an error
             splits = [s.strip() for s in args.splits.split(",") if s.strip()]
