@@ -34,6 +34,22 @@ Images whose context was the expectation (the per-image variance trick of §4.1)
 log p(s̃) = 0 from the decoder and thus no REINFORCE term; they are also left out of the
 baseline's average.
 
+Self-critical sequence training (Rennie et al. 2017, arXiv:1612.00563; ``scst_loss``): the policy is
+the decoder itself, a trajectory is a whole sampled caption, and its reward r is CIDEr-D against the
+image's references (captioner/rewards.py). With k samples per image and a baseline b_i that does not
+depend on sample i,
+
+    loss = -(1/N) Σ_i (r_i - b_i) · [ Σ_t log p(w_t | w_<t, a) + Σ_t log p(s_t | a) ]
+
+over the N = B·k samples; its gradient is an unbiased estimate of -∇ E[r] (tested against exact
+enumeration in tests/test_scst.py). b_i is either the mean reward of the image's other k-1 samples
+(Luo 2020, "a better variant of SCST") or the reward of the greedy caption (Rennie et al.). The
+location term exists for hard attention only: there the trajectory is (s_1, w_1, s_2, w_2, ...), the
+cells are sampled from α_t exactly as in Eq. (11), and the same advantage weighs both kinds of
+actions. This is Eq. (11)-(12) with the reward changed from log p(y | s, a) (the likelihood of the
+reference caption under the sampled cells) to the score of the sampled caption, and with the words
+sampled too; since the reward is now external, the data term of Eq. (11) has no counterpart.
+
 The paper's hard-attention objective (Eq. 10-12) has no doubly stochastic term; the shipped hard
 configs set ``alpha_c: 0``. The term stays available (same per-caption scale as Eq. 14) because it
 is equally defined on the α_t a hard model samples from.
@@ -167,3 +183,40 @@ def update_baseline(baseline: float | None, batch_mean_reward: float, decay: flo
     if baseline is None:
         return float(batch_mean_reward)
     return decay * baseline + (1.0 - decay) * float(batch_mean_reward)
+
+
+SCST_BASELINES = ("mean", "greedy")
+
+
+def scst_baseline(rewards: Tensor, kind: str = "mean", greedy_rewards: Tensor | None = None) -> Tensor:
+    """Baselines b for sample rewards (B, k): "mean" = mean reward of the image's other k-1 samples
+    (needs k >= 2), "greedy" = the greedy caption's reward ``greedy_rewards`` (B,). Returns (B, k)."""
+    if kind == "mean":
+        k = rewards.shape[1]
+        if k < 2:
+            raise ValueError("the 'mean' SCST baseline needs at least 2 samples per image")
+        return (rewards.sum(dim=1, keepdim=True) - rewards) / (k - 1)
+    if kind == "greedy":
+        if greedy_rewards is None:
+            raise ValueError("the 'greedy' SCST baseline needs the greedy captions' rewards")
+        return greedy_rewards.unsqueeze(1).expand_as(rewards)
+    raise ValueError(f"unknown SCST baseline {kind!r}; valid: {', '.join(SCST_BASELINES)}")
+
+
+def scst_loss(sample: Any, rewards: Tensor, baselines: Tensor) -> LossOutput:
+    """Self-critical REINFORCE on whole captions (module docstring).
+
+    sample: a decoder SampleOutput of N = B·k rows (word and, for hard attention, location
+        log-probabilities, 0 after each caption's end); rewards and baselines: (N,), detached.
+    """
+    advantage = (rewards - baselines).detach().float()  # (N,)
+    log_p = sample.word_log_probs.sum(dim=1)  # (N,)
+    if sample.location_log_probs is not None:
+        log_p = log_p + sample.location_log_probs.sum(dim=1)
+    loss = -(advantage * log_p).mean()
+    return LossOutput(loss=loss, parts={
+        "reward": rewards.float().mean().detach(),
+        "baseline": baselines.float().mean().detach(),
+        "advantage_abs": advantage.abs().mean(),
+        "sample_length": sample.lengths.float().mean(),
+    })

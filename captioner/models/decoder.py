@@ -21,6 +21,7 @@ teacher-forced logits exactly in eval mode.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,26 @@ class DecoderOutput:
     log_probs: Tensor | None
     entropies: Tensor | None
     mask: Tensor
+
+
+@dataclass
+class SampleOutput:
+    """Captions drawn from the decoder with their log-probabilities (for sequence-level REINFORCE).
+
+    tokens: (N, T) sampled ids w_1 .. w_n <end> <pad> ... (no <start>); a caption still running after
+        T steps has no <end>.
+    lengths: (N,) tokens per row, <end> included when there is one.
+    word_log_probs: (N, T) log p(w_t | w_<t, a), 0 after the caption's end; differentiable.
+    location_log_probs: (N, T) log p(s_t | a) of the attended cells (hard attention, "sample"/"argmax"),
+        0 after the end; else None.
+    alphas: (N, T, L) attention maps (detached).
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    word_log_probs: Tensor
+    location_log_probs: Tensor | None
+    alphas: Tensor
 
 
 class ShowAttendTellDecoder(nn.Module):
@@ -225,6 +246,51 @@ class ShowAttendTellDecoder(nn.Module):
             entropies=scatter(entropies) if entropies else None,
             mask=mask,
         )
+
+    def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
+               attention_mode: str = "sample", forbid_ids: tuple[int, ...] = (), greedy: bool = False,
+               generator: torch.Generator | None = None) -> SampleOutput:
+        """Draw ``samples`` captions per image (rows i*samples .. i*samples+samples-1 belong to image i),
+        keeping the graph: the gradient of Σ_t log p(w_t) (+ log p(s_t) for hard attention) is the
+        REINFORCE gradient of self-critical training (losses.scst_loss).
+
+        ``forbid_ids`` (e.g. <pad>, <start>, <unk>) get probability 0: the policy being trained is the
+        masked one. ``greedy`` takes each step's arg-max word instead (the Rennie et al. baseline). The
+        deep output's dropout is active in training mode, with the same mask for the draw and the
+        gradient (one forward), so the estimate stays on-policy.
+        """
+        mode = self._mode(attention_mode)
+        forbid = sorted(set(forbid_ids) | {self.pad_id, start_id})
+        h, c, *memory = self.expand_state(self.init_state(grid), samples)  # h, c: (N, H), N = B * samples
+        N = h.shape[0]
+        tokens = torch.full((N,), start_id, dtype=torch.long, device=grid.device)
+        running = torch.ones(N, dtype=torch.bool, device=grid.device)
+        words, word_lp, loc_lp, alphas = [], [], [], []
+        for _ in range(max_length):
+            emb = self.embedding(tokens)  # (N, E)
+            word_gates, step_weights = self._lstm_weights(emb)
+            h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights)
+            logits = self._deep_output(emb, h, z)  # (N, V)
+            logits = logits.index_fill(1, torch.tensor(forbid, device=logits.device), -math.inf)
+            log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+            if greedy:
+                tokens = log_p.argmax(dim=-1)
+            else:
+                tokens = torch.multinomial(log_p.detach().exp(), 1, generator=generator).squeeze(1)  # (N,)
+            live = running.to(log_p.dtype)
+            word_lp.append(log_p.gather(1, tokens.unsqueeze(1)).squeeze(1) * live)
+            if read.log_prob is not None:
+                loc_lp.append(read.log_prob.float() * live)
+            alphas.append(read.alpha.detach() * live.unsqueeze(1))
+            words.append(tokens.masked_fill(~running, self.pad_id))
+            running = running & (tokens != end_id)
+            if not bool(running.any()):
+                break
+        tokens_out = torch.stack(words, dim=1)  # (N, T)
+        lengths = (tokens_out != self.pad_id).sum(dim=1)  # (N,): <pad> is never drawn
+        return SampleOutput(tokens=tokens_out, lengths=lengths, word_log_probs=torch.stack(word_lp, dim=1),
+                            location_log_probs=torch.stack(loc_lp, dim=1) if loc_lp else None,
+                            alphas=torch.stack(alphas, dim=1))
 
     def step(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft"
              ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
