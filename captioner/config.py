@@ -107,6 +107,18 @@ class HardConfig:
 
 
 @dataclass
+class ScstConfig:
+    """Self-critical sequence training (Rennie et al. 2017), ``train.objective: scst``."""
+
+    samples: int = 5  # captions sampled per image (k)
+    baseline: str = "mean"  # mean (of the image's other samples; Luo 2020) | greedy (Rennie et al.)
+    reward_end: bool = True  # score <end> as a word of the sampled and reference captions
+    max_length: int = 0  # most words per sampled caption; 0 = the decoding length (eval.max_length)
+    forbid_unk: bool = True  # never sample <unk> (captions are read by people)
+    greedy_images: int = 500  # training images whose greedy caption's reward is logged every epoch
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 20
     batch_size: int = 32
@@ -121,6 +133,9 @@ class TrainConfig:
     alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14), per caption as in the paper
     alpha_entropy: float = 0.0  # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
     hard: HardConfig = field(default_factory=HardConfig)
+    objective: str = "xe"  # xe (cross-entropy, Eq. 14 / Eq. 10-12) | scst (self-critical, CIDEr-D reward)
+    init: str = ""  # a run directory or checkpoint whose weights start this run (e.g. SCST after XE)
+    scst: ScstConfig = field(default_factory=ScstConfig)
     val_metric: str = "CIDEr-D"
     patience: int = 5
     val_max_images: int = 0  # 0 = the whole validation split
@@ -161,6 +176,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.optimizer": ("adam", "rmsprop"),
     "train.lr_schedule": ("none", "step", "cosine"),
     "train.amp": ("none", "bf16", "fp16"),
+    "train.objective": ("xe", "scst"),
+    "train.scst.baseline": ("mean", "greedy"),
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
     "eval.split": ("train", "val", "test"),
     "eval.attention_mode": ("expectation", "argmax", "sample"),
@@ -170,7 +187,7 @@ POSITIVE = (
     "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
     "model.decoder.hidden_dim", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
-    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size",
+    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
 )
 NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
@@ -178,6 +195,7 @@ NON_NEGATIVE = (
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
     "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
     "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
+    "train.scst.max_length", "train.scst.greedy_images",
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "train.hard.baseline_decay",
@@ -273,6 +291,8 @@ def validate(cfg: Config) -> None:
         value = get_path(cfg, path)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
+    if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
+        raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
     if cfg.model.attention.kind == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
         raise ConfigError(
             f"model.attention.attention_dim ({cfg.model.attention.attention_dim}) must be divisible by "

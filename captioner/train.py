@@ -98,7 +98,7 @@ def _drop_uncached(records: list[ImageRecord], cache: Any, split: str) -> list[I
 def _make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: list[ImageRecord],
                    val_records: list[ImageRecord], from_images: bool, rank: int, world: int
                    ) -> tuple[CaptionDataset, CaptionDataset, CaptionDataset]:
-    """(train per caption, val per caption for the loss, val per image for decoding)."""
+    """(train per caption, or per image for SCST; val per caption for the loss; val per image for decoding)."""
     max_length = cfg.data.max_length
     if from_images:
         def make(records, per_image):
@@ -110,7 +110,7 @@ def _make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: l
 
         def make(records, per_image):
             return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
-    train_set = make(train_records, False)
+    train_set = make(train_records, cfg.train.objective == "scst")
     if train_set.n_truncated:
         log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
                  train_set.n_truncated, len(train_set), max_length)
@@ -146,14 +146,23 @@ class _TrainForward(nn.Module):
         self.model = model
         self.from_images = from_images
 
-    def forward(self, inputs: torch.Tensor, captions: torch.Tensor, lengths: torch.Tensor, attention_mode: str = "soft",
-                expectation_mask: torch.Tensor | None = None):
+    def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
+                attention_mode: str = "soft", expectation_mask: torch.Tensor | None = None,
+                sample: dict | None = None):
+        """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
+        drawn from the model with their log-probabilities (SCST)."""
         grid = self.model.encode(inputs) if self.from_images else self.model.prepare_grid(inputs)  # (B, L, D)
+        if sample is not None:
+            return self.model.decoder.sample(grid, **sample)
         return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
 
 
-def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None) -> LossOutput:
-    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick)."""
+def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None,
+                 scst: Any = None) -> LossOutput:
+    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick; with ``scst``,
+    a captioner.scst.SelfCritical, the self-critical objective)."""
+    if scst is not None:
+        return scst.loss(forward, _bare(forward).model, batch)
     targets = batch.captions[:, 1:]  # (B, T-1)
     if not hard:
         out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="soft")
@@ -166,6 +175,32 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
     return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
                                reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
                                sampled=~expectation, alpha_entropy=cfg.train.alpha_entropy)
+
+
+def _bare(forward: nn.Module) -> nn.Module:
+    """The _TrainForward inside a DDP wrapper (or itself)."""
+    return forward.module if isinstance(forward, nn.parallel.DistributedDataParallel) else forward
+
+
+def _init_payload(cfg: Config) -> dict:
+    from captioner.checkpoint import load_checkpoint
+
+    path = Path(cfg.train.init)
+    return load_checkpoint(path / "best.pt" if path.is_dir() else path)
+
+
+def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
+    """Start from the weights of ``train.init`` (a run directory's best.pt, or a checkpoint file),
+    which must have been trained with the same data and model sections (and so the same vocabulary)."""
+    from captioner.checkpoint import check_state_dict
+
+    for section in ("data", "model"):
+        if payload["config"].get(section) != config_to_dict(cfg)[section]:
+            raise ConfigError(f"train.init={cfg.train.init}: its {section!r} config section differs from this "
+                              "run's; start from a run trained with the same data and model settings")
+    check_state_dict(payload["model"], model.state_dict())
+    model.load_state_dict(payload["model"])
+    log.info("initialised from %s (epoch %s)", cfg.train.init, payload.get("epoch"))
 
 
 def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
@@ -311,11 +346,12 @@ class Progress:
 
 
 def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
-                optimizer: torch.optim.Optimizer, scaler: Any, amp: Any, world: int) -> LossOutput | None:
+                optimizer: torch.optim.Optimizer, scaler: Any, amp: Any, world: int,
+                scst: Any = None) -> LossOutput | None:
     """One optimizer step; None when skipped for a non-finite loss or gradient (the weights are untouched)."""
     t = cfg.train
     with amp():
-        res = compute_loss(forward, batch, cfg, hard, progress.baseline)
+        res = compute_loss(forward, batch, cfg, hard, progress.baseline, scst)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(res.loss).backward()
     scaler.unscale_(optimizer)
@@ -383,14 +419,25 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     val_records = _records(cfg, "val", rank, world)
     if t.val_max_images:
         val_records = val_records[: t.val_max_images]
-    vocab = Vocab.from_dict(payload["vocab"]) if payload is not None else build_vocab(train_records, cfg.data.min_count)
+    init = _init_payload(cfg) if t.init and payload is None else None
+    if payload is not None or init is not None:
+        vocab = Vocab.from_dict((payload or init)["vocab"])
+    else:
+        vocab = build_vocab(train_records, cfg.data.min_count)
 
     seed_everything(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, vocab).to(device)
     hard = model.attention_kind == "hard"
     from_images = cfg.model.encoder.finetune_blocks > 0 or not cfg.data.use_cache
+    if init is not None:
+        _init_weights(cfg, model, init)
     train_set, val_loss_set, val_decode_set = _make_datasets(cfg, model, vocab, train_records, val_records,
                                                              from_images, rank, world)
+    scst = None
+    if t.objective == "scst":
+        from captioner.scst import SelfCritical
+
+        scst = SelfCritical(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
     scheduler = _build_scheduler(cfg, optimizer)
     progress = Progress(best={"metric": t.val_metric, "value": None, "epoch": 0})
@@ -443,7 +490,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not is_main, mininterval=1.0,
                    dynamic_ncols=True, leave=False)
         for batch in bar:
-            res = _train_step(forward, batch.to(device), cfg, hard, progress, optimizer, scaler, amp, world)
+            res = _train_step(forward, batch.to(device), cfg, hard, progress, optimizer, scaler, amp, world, scst)
             if res is None:
                 skipped += 1
                 continue
@@ -451,7 +498,8 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             for name, value in {**res.parts, "loss": res.loss.detach()}.items():
                 sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
             if is_main and n_steps % t.log_every == 0:
-                bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items() if k in ("loss", "xe")})
+                bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
+                                 if k in ("loss", "xe", "reward")})
                 if writer is not None:
                     for name, value in res.parts.items():
                         writer.add_scalar(f"train/{name}", float(value), progress.step)
@@ -467,6 +515,8 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             entry.update({f"train_{k}": float(v) / max(n_steps, 1) for k, v in sums.items()})
             entry.update({"skipped_steps": skipped, "baseline": progress.baseline,
                           "lr": optimizer.param_groups[0]["lr"]})
+            if scst is not None:
+                entry["train_greedy_reward"] = scst.greedy_reward_on(model, train_set, device, cfg.eval.batch_size)
             entry.update(validate(model, cfg, val_loss_set, val_decode_set, device, from_images, amp))
             entry.update({"train_time_s": round(train_time, 2), "time_s": round(time.monotonic() - epoch_start, 2),
                           "items_per_s": round(len(loader.sampler) / max(train_time, 1e-9), 1)})
@@ -537,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`captioner train --config X.yaml [--set k=v ...] [--resume RUN_DIR]`."""
     parser = argparse.ArgumentParser(prog="captioner train", description=__doc__.split("\n")[0])
     add_config_arguments(parser)
+    parser.add_argument("--init", default=None, metavar="RUN_DIR",
+                        help="start from the weights of RUN_DIR's best.pt (or a checkpoint file), e.g. "
+                             "self-critical training after cross-entropy; sets train.init")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
                              "when --config is not given; --set still applies)")
@@ -549,6 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config_path is None and args.resume is not None and Path(args.resume).is_dir():
             config_path = Path(args.resume) / "config.yaml"
         cfg = load_config(config_path, args.overrides)
+        if args.init is not None:
+            cfg.train.init = args.init
         run_dir = train(cfg, resume=args.resume)
     except (ConfigError, DataError, TrainingError, CheckpointError) as err:
         print(f"captioner train: error: {err}", file=sys.stderr)

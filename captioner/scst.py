@@ -1,0 +1,106 @@
+"""Self-critical sequence training (Rennie et al. 2017): the training loop's second objective.
+
+``train.objective: scst`` fine-tunes a cross-entropy model (``train.init``) on the metric it is judged
+by. For each training image the decoder samples k captions (``ShowAttendTellDecoder.sample``, with
+gradients; hard attention samples its cells on the same trajectory), each is scored by CIDEr-D
+against the image's references (``rewards.CiderD``, document frequencies from the training split),
+and ``losses.scst_loss`` weighs each caption's log-probability by its reward minus a baseline that
+does not depend on it: the mean reward of the image's other samples (Luo 2020) or the reward of the
+greedy caption (Rennie et al.). Batches hold images, not captions (a per-image dataset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from captioner.config import Config
+from captioner.losses import LossOutput, scst_baseline, scst_loss
+from captioner.rewards import CiderD
+
+
+class SelfCritical:
+    """The SCST objective for one run: the reward over the training references and the sampling settings.
+
+    Args:
+        cfg: the run's config (``train.scst``, ``eval``).
+        model: the Captioner being trained (its vocabulary, attention kind and decoder).
+        train_set: the per-image training dataset; its record index is the reward's image index.
+        from_images: whether batches carry images (fine-tuning) rather than cached grids.
+    """
+
+    def __init__(self, cfg: Config, model: nn.Module, train_set: Any, from_images: bool) -> None:
+        from captioner.models.captioner import decode_max_length
+
+        s = cfg.train.scst
+        vocab = model.vocab
+        self.samples = s.samples
+        self.baseline = s.baseline
+        self.reward_end = s.reward_end
+        self.from_images = from_images
+        # encoded captions are <start> w .. <end>: keep the <end> as a word when it is rewarded.
+        references = [[ids[1:] if s.reward_end else ids[1:-1] for ids in caps] for caps in train_set.encoded]
+        self.reward = CiderD(references, vocab_size=len(vocab))
+        self.end_id = vocab.end_id
+        self.sampling = {"start_id": vocab.start_id, "end_id": vocab.end_id,
+                         "max_length": s.max_length or decode_max_length(cfg),
+                         "forbid_ids": (vocab.unk_id,) if s.forbid_unk else ()}
+        self.sample_mode = "sample" if model.attention_kind == "hard" else "soft"
+        self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
+        self.greedy_images = s.greedy_images
+
+    def rewards(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """CIDEr-D of sampled rows tokens (N, T) with lengths (N,) (an <end> included when sampled)
+        against the references of images (N,) (record indices). Returns (N,) float32 on tokens' device."""
+        ids = tokens.cpu().numpy()
+        n = lengths.cpu().numpy().astype(np.int64)
+        if not self.reward_end:
+            last = ids[np.arange(len(n)), np.maximum(n - 1, 0)]
+            n = n - ((n > 0) & (last == self.end_id))
+        scores = self.reward(ids, images.cpu().numpy(), lengths=n)
+        return torch.from_numpy(scores).float().to(tokens.device)
+
+    def loss(self, forward: nn.Module, model: nn.Module, batch: Any) -> LossOutput:
+        """One batch of images: k samples each, their rewards, baselines and the REINFORCE loss."""
+        k = self.samples
+        out = forward(batch.inputs, sample={"samples": k, "attention_mode": self.sample_mode, **self.sampling})
+        images = batch.indices.repeat_interleave(k)  # (B*k,) record index of each sample
+        rewards = self.rewards(out.tokens, out.lengths, images)  # (B*k,)
+        greedy = None
+        if self.baseline == "greedy":
+            greedy = self.greedy_rewards(model, batch.inputs, batch.indices)
+        baselines = scst_baseline(rewards.view(-1, k), self.baseline, greedy).reshape(-1)
+        res = scst_loss(out, rewards, baselines)
+        if greedy is not None:
+            res.parts["greedy_reward"] = greedy.mean()
+        return res
+
+    @torch.no_grad()
+    def greedy_rewards(self, model: nn.Module, inputs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The reward of each image's greedy caption (B,), decoded as at test time (eval mode)."""
+        was_training = model.training
+        model.eval()
+        try:
+            grid = model.encode(inputs) if self.from_images else model.prepare_grid(inputs)  # (B, L, D)
+            out = model.decoder.sample(grid, 1, greedy=True, attention_mode=self.greedy_mode, **self.sampling)
+        finally:
+            model.train(was_training)
+        return self.rewards(out.tokens, out.lengths, indices)
+
+    def greedy_reward_on(self, model: nn.Module, dataset: Any, device: torch.device, batch_size: int) -> float:
+        """Mean greedy reward over the first ``greedy_images`` training images (the per-epoch curve)."""
+        from torch.utils.data import DataLoader
+
+        from captioner.data.datasets import collate_captions
+
+        n = min(self.greedy_images, len(dataset))
+        if n == 0:
+            return float("nan")
+        subset = torch.utils.data.Subset(dataset, range(n))
+        total = 0.0
+        for batch in DataLoader(subset, batch_size=batch_size, collate_fn=collate_captions):
+            total += float(self.greedy_rewards(model, batch.inputs.to(device), batch.indices).sum())
+        return total / n
