@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("captioner.evaluate", "decode a split and score it (BLEU, METEOR, ROUGE-L, CIDEr-D, grounding)"),
     "extract": ("captioner.data.features", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
+    "export": ("captioner.zoo", "write a trained run as a shipped model (safetensors + JSON)"),
     "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
 }
 
@@ -85,8 +86,13 @@ def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str
 def caption_main(argv: Sequence[str] | None = None) -> int:
     """`captioner caption IMAGE... --checkpoint CKPT`: one caption per image; exit 1 if any failed."""
     parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
-    parser.add_argument("images", nargs="+", help="image files, globs or directories")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
+    parser.add_argument("images", nargs="*", help="image files, globs or directories")
+    parser.add_argument("--checkpoint", default=None,
+                        help="checkpoint file, run directory or shipped model name (default: the shipped "
+                             "Flickr8k model; see --list-models)")
+    parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
+    parser.add_argument("--allow-unk", action="store_true",
+                        help="let captions contain <unk> (by default the search never chooses it)")
     parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy)")
     parser.add_argument("--n-best", type=int, default=1, help="captions to print per image")
     parser.add_argument("--max-length", type=int, default=None,
@@ -104,6 +110,17 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args(argv)
+    if args.list_models:
+        from captioner.zoo import available_models, describe
+
+        models = available_models()
+        for name, meta in models.items():
+            print(describe(name, meta))
+        if not models:
+            print("no shipped models in this installation")
+        return 0
+    if not args.images:
+        parser.error("give at least one image (or --list-models)")
     if args.beam < 1 or args.n_best < 1 or args.n_best > args.beam:
         parser.error("--beam must be >= 1 and 1 <= --n-best <= --beam")
     if args.max_length is not None and args.max_length < 1:
@@ -114,7 +131,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     from captioner.models.captioner import load_captioner
 
     try:
-        model = load_captioner(args.checkpoint, device=args.device)
+        model = load_captioner(args.checkpoint, device=args.device)  # None: the shipped model
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"captioner caption: {err}", file=sys.stderr)
         return 2
@@ -137,7 +154,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
         outputs = model.caption(
             images, beam=args.beam, n_best=args.n_best, max_length=args.max_length,
             length_penalty=args.length_penalty,
-            attention_mode=args.attention_mode,
+            attention_mode=args.attention_mode, forbid_unk=not args.allow_unk,
         )
         for path, image, out in zip(batch_paths, images, outputs):
             record = {"image": str(path), **{k: v for k, v in out.items() if k != "alphas"}}

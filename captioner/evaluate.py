@@ -39,18 +39,20 @@ def _image_size(record) -> tuple[int, int]:
 def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], beam_size: int = 1,
                    max_length: int | None = None, attention_mode: str | None = None,
                    autocast: Callable[[], ContextManager] = nullcontext,
-                   length_penalty: float | None = None) -> Iterator[tuple[Any, Any, list[str]]]:
+                   length_penalty: float | None = None,
+                   forbid_unk: bool = False) -> Iterator[tuple[Any, Any, list[str]]]:
     """Decode (records, grid (B, L, D)) batches: yields (record, best hypothesis, words) per image.
 
     The one decode loop behind ``evaluate_model`` and training's validation, so both score the same
     words (``<unk>`` kept). ``autocast`` wraps each batch's search (training passes its AMP context).
     ``max_length`` / ``length_penalty`` default to the model's (its config's ``eval`` section).
+    ``forbid_unk`` keeps <unk> out of the search (off by default: scores then match training's).
     """
     mode = model.decode_mode(attention_mode)
     for records, grid in batches:
         with autocast():
             hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode,
-                                  length_penalty=length_penalty)
+                                  length_penalty=length_penalty, forbid_unk=forbid_unk)
         for record, per_image in zip(records, hyps):
             best = per_image[0]
             yield record, best, model.vocab.decode(best.tokens, keep_unk=True)
@@ -71,6 +73,7 @@ def evaluate_model(
     metrics: Sequence[str] | None = None,
     progress: bool = True,
     instances: str | None = None,
+    forbid_unk: bool = False,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
@@ -108,7 +111,7 @@ def evaluate_model(
             bar.update(len(batch))
 
     for record, best, words in decode_batches(model, batches(), beam_size, max_length, mode,
-                                              length_penalty=length_penalty):
+                                              length_penalty=length_penalty, forbid_unk=forbid_unk):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
@@ -135,6 +138,7 @@ def evaluate_model(
         "beam_size": beam_size,
         "max_length": max_length,
         "length_penalty": length_penalty,
+        "forbid_unk": forbid_unk,
         "attention_mode": mode,
         "predictions": predictions,
     }
@@ -155,7 +159,8 @@ def cached_grids(model, records: Sequence) -> Any:
 def format_table(result: dict, split: str) -> str:
     head = (f"split={split}  images={result['n_images']}  beam={result['beam_size']}  "
             f"length_penalty={result['length_penalty']:g}  max_length={result['max_length']}  "
-            f"decoding={result['attention_mode']}  grids from {result['grids']}")
+            f"decoding={result['attention_mode']}  grids from {result['grids']}"
+            + ("  <unk> forbidden" if result.get("forbid_unk") else ""))
     rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
                                                          if result["tokenizer"] == "ptb" else
                                                          "  (no Java: not PTB, scores differ slightly "
@@ -176,7 +181,10 @@ def format_table(result: dict, split: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint file, run directory or shipped model name (e.g. flickr8k)")
+    parser.add_argument("--forbid-unk", action="store_true",
+                        help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
     parser.add_argument("--split", default=None, choices=("train", "val", "test"),
                         help="default: the checkpoint's eval.split")
     parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
@@ -228,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
                             length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
-                            meteor=not args.no_meteor, progress=not args.json, instances=args.instances)
+                            meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
+                            forbid_unk=args.forbid_unk)
     result["split"] = split
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

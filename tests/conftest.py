@@ -9,3 +9,29 @@ Subprocesses started by tests inherit it.
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke_checkpoint(tmp_path_factory) -> Path:
+    """A run directory holding best.pt of a randomly initialised smoke-config model."""
+    import torch
+
+    from captioner.checkpoint import save_checkpoint
+    from captioner.config import config_to_dict, load_config
+    from captioner.data.vocab import Vocab
+    from captioner.models.captioner import build_model
+
+    torch.manual_seed(0)
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")
+    vocab = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
+    model = build_model(cfg, vocab)
+    run_dir = tmp_path_factory.mktemp("run")
+    save_checkpoint(run_dir / "best.pt", {
+        "model": model.state_dict(), "config": config_to_dict(cfg), "vocab": vocab.to_dict(),
+        "epoch": 1, "step": 10, "metrics": {"CIDEr-D": 0.0},
+    })
+    return run_dir

@@ -29,10 +29,16 @@ def test_demo_writes_checkpoint_summary_and_overlays(demo_run, capsys):
     overlays = sorted((run_dir / "overlays").glob("*.png"))
     assert len(overlays) == 2 and all(p.stat().st_size > 1000 for p in overlays)
     assert (run_dir / "best.pt").exists() and (run_dir / "metrics.jsonl").exists()
+    # step 0: real photographs captioned by the shipped model, each with its overlay
+    from captioner.demo import PHOTOS
+
+    for name in PHOTOS:
+        assert (run_dir / "photos" / f"{name}.jpg").is_file(), name
+        assert (run_dir / "photos" / f"{name}_attention.png").stat().st_size > 1000, name
     # a second run reuses the finished training instead of training again
     mtime = (run_dir / "best.pt").stat().st_mtime_ns
     assert cli(["demo", "--config", SMOKE, "--run-dir", str(run_dir), "--n-captions", "1", "--no-meteor",
-                "--set", f"data.root={root / 'data'}", "--set", "train.epochs=1"]) == 0
+                "--no-photos", "--set", f"data.root={root / 'data'}", "--set", "train.epochs=1"]) == 0
     assert (run_dir / "best.pt").stat().st_mtime_ns == mtime
     assert "reusing" in capsys.readouterr().out
 

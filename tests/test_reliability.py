@@ -450,24 +450,6 @@ def test_override_values_as_typed_on_a_command_line(text, expected):
 # ============================================================ checkpoints end to end
 
 
-@pytest.fixture(scope="module")
-def smoke_checkpoint(tmp_path_factory) -> Path:
-    """A run directory holding best.pt of a randomly initialised smoke-config model."""
-    from captioner.checkpoint import save_checkpoint
-    from captioner.models.captioner import build_model
-
-    torch.manual_seed(0)
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")
-    vocab = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
-    model = build_model(cfg, vocab)
-    run_dir = tmp_path_factory.mktemp("run")
-    save_checkpoint(run_dir / "best.pt", {
-        "model": model.state_dict(), "config": config_to_dict(cfg), "vocab": vocab.to_dict(),
-        "epoch": 1, "step": 10, "metrics": {"CIDEr-D": 0.0},
-    })
-    return run_dir
-
-
 def test_load_captioner_round_trip_is_bit_exact(smoke_checkpoint):
     from captioner.checkpoint import load_checkpoint
     from captioner.models.captioner import load_captioner

@@ -130,10 +130,12 @@ class Captioner(nn.Module):
         n_best: int = 1,
         length_penalty: float | None = None,
         min_length: int = 0,
+        forbid_unk: bool = False,
     ) -> list[list[Any]]:
         """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words).
 
         ``max_length`` / ``length_penalty`` default to the model's (from the config it was built with).
+        ``forbid_unk`` never lets the search choose <unk> (for captions a person reads).
         In hard attention's "sample"/"argmax" modes each Hypothesis also has ``locations``.
         """
         from captioner.search import beam_search, greedy_search
@@ -154,7 +156,8 @@ class Captioner(nn.Module):
 
         # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.
         common = dict(batch_size=grid.size(0), start_id=self.vocab.start_id, end_id=self.vocab.end_id,
-                      max_length=max_length, forbid_ids=(self.vocab.pad_id, self.vocab.start_id))
+                      max_length=max_length, forbid_ids=(self.vocab.pad_id, self.vocab.start_id)
+                      + ((self.vocab.unk_id,) if forbid_unk else ()))
         if beam_size == 1 and n_best == 1:
             hyps = greedy_search(step_fn, state, min_length=min_length, **common)
         else:
@@ -177,8 +180,9 @@ class Captioner(nn.Module):
         max_length: int | None = None,
         n_best: int = 1,
         length_penalty: float | None = None,
+        forbid_unk: bool = True,
     ) -> list[dict]:
-        """Caption PIL images or image paths.
+        """Caption PIL images or image paths (``forbid_unk``: no <unk> in the captions, the default here).
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
         ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
@@ -197,7 +201,7 @@ class Captioner(nn.Module):
             grid = self.encode(batch)  # (B, L, D)
             mode = self.decode_mode(attention_mode)
             hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
-                                 n_best=n_best, length_penalty=length_penalty)
+                                 n_best=n_best, length_penalty=length_penalty, forbid_unk=forbid_unk)
         finally:
             self.train(was_training)
         results = []
@@ -273,15 +277,20 @@ def build_model(cfg: Config, vocab: Vocab) -> Captioner:
     return model
 
 
-def load_captioner(path: str | Path, device: str = "cpu") -> Captioner:
-    """Rebuild a captioner from a checkpoint (file, or run directory holding best.pt / last.pt).
+def load_captioner(path: str | Path | None = None, device: str = "cpu") -> Captioner:
+    """Rebuild a captioner from a checkpoint (file, or run directory holding best.pt / last.pt), or
+    with no path or a shipped model's name (``"flickr8k"``) the pretrained model shipped with the
+    package (captioner/zoo.py).
 
     The checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
     ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
     state dict is checked key by key, so a mismatch names the field that differs.
     """
     from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
+    from captioner.zoo import is_shipped_name, load_shipped
 
+    if path is None or is_shipped_name(str(path)):
+        return load_shipped(None if path is None else str(path), device=device)
     payload = load_checkpoint(path, map_location="cpu")
     for key in ("config", "vocab", "model"):
         if key not in payload:
