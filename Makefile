@@ -1,15 +1,16 @@
 # Two commands do all the set-up: `make demo` and `make test`.
-# The virtual environment is rebuilt only when pyproject.toml changes.
+# The virtual environment is rebuilt only when pyproject.toml or constraints.txt changes; it gets the
+# exact tested package set (constraints.txt) within pyproject.toml's ranges.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast bench clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
+	$(VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

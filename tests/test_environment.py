@@ -1,10 +1,17 @@
-"""environment.yml (conda) describes the same environment as pyproject.toml."""
+"""pyproject.toml (ranges), constraints.txt (the exact tested set), environment.yml and the Makefile
+describe one environment; and the ranges leave a user's own PyTorch in place."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +31,58 @@ def test_environment_yml_matches_pyproject():
     assert any(s.startswith("-e .") for s in pip_specs), "the package itself is installed with pip"
 
 
-def test_torch_pins():
+def _pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pins = [line.split("==") for line in lines if line.strip() and not line.startswith("#")]
+    assert all(len(p) == 2 for p in pins), "constraints.txt holds exact pins only"
+    return {name.strip().lower().replace("_", "-"): version.strip() for name, version in pins}
+
+
+def test_constraints_pin_every_dependency_within_its_range():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "torch==2.14.1" in project["dependencies"]
-    assert "torchvision==0.29.1" in project["dependencies"]
+    pins = _pins()
+    specs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    for spec in specs:
+        req = Requirement(spec)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} outside {req.specifier}"
+    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"  # this machine's tested PyTorch
+
+
+def test_ranges_not_pins_for_pytorch():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_spec = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "torch")
+    assert not any(s.operator == "==" for s in torch_spec.specifier), "pyproject must not pin torch exactly"
+
+
+def test_make_and_conda_install_with_the_constraints():
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_specs = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert "-c constraints.txt" in pip_specs
+
+
+@pytest.mark.slow
+def test_pip_install_keeps_a_different_installed_pytorch(tmp_path):
+    """The resolver's plan for `pip install .` in an environment that already has PyTorch 2.5 (a stand-in
+    distribution; everything else is this environment's): captioner alone is installed, torch is kept."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and (Path(p) / "torch").is_dir())
+    for name, version in (("torch", "2.5.0"), ("torchvision", "0.20.0")):  # found before the .pth path below
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (info / "RECORD").write_text("")
+    (site / "zz_shared.pth").write_text(here + "\n")
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PIP_CONSTRAINT": "", "PIP_NO_INDEX": "1"}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--no-index",
+                           "--no-build-isolation", "--quiet", "--report", str(report), str(ROOT)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert planned == {"captioner"}, planned
