@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("captioner.data.features", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
     "export": ("captioner.zoo", "write a trained run as a shipped model (safetensors + JSON)"),
+    "config": ("captioner.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
 }
 

@@ -379,13 +379,33 @@ def apply_override(data: dict, text: str) -> None:
     node[parts[-1]] = value
 
 
+# The configs shipped with the package (``configs/`` in a checkout is a link to this folder).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Name -> file of every config shipped with the package (e.g. "flickr8k_soft")."""
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file path, or the name of a shipped config (``flickr8k_soft`` or ``flickr8k_soft.yaml``)."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    shipped = shipped_configs()
+    name = candidate.stem if candidate.suffix in (".yaml", ".yml") and len(candidate.parts) == 1 else str(path)
+    if name in shipped:
+        return shipped[name]
+    raise ConfigError(f"config file not found: {path} (shipped configs, usable by name: {', '.join(shipped)})")
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (only the keys it changes) and apply ``key=value`` overrides."""
+    """Read a YAML config (only the keys it changes; a path or a shipped config's name) and apply
+    ``key=value`` overrides."""
     data: dict = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        path = resolve_config_path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
@@ -406,8 +426,38 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 def add_config_arguments(parser: Any) -> None:
     """The ``--config`` / ``--set`` pair every command that reads a config accepts."""
-    parser.add_argument("--config", default=None, help="YAML config file (lists only what it changes)")
+    parser.add_argument("--config", default=None,
+                        help="YAML config file (lists only what it changes), or a shipped config's name "
+                             "(`captioner config list`)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config value, e.g. --set model.attention.scorer=dot (repeatable)",
     )
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """`captioner config list` | `captioner config show NAME_OR_PATH [--set KEY=VALUE ...]`."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="captioner config", description="list the shipped configs, or print "
+                                     "one fully resolved (every key, with its default where the file is silent)")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the shipped configs, usable by name with --config")
+    show = sub.add_parser("show", help="print a config with every key resolved, as YAML")
+    show.add_argument("config", nargs="?", default=None, help="a shipped config's name or a YAML file "
+                      "(omitted: the defaults)")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.action == "list":
+        for name, path in shipped_configs().items():
+            first = path.read_text().splitlines()[0].lstrip("# ").strip() if path.read_text() else ""
+            print(f"{name:<20} {first}")
+        return 0
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"captioner config: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    return 0

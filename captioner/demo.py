@@ -20,7 +20,7 @@ from typing import Sequence
 
 from captioner.config import add_config_arguments, load_config
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shapes.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shapes.yaml"  # shipped with the package
 # Photographs bundled with scikit-image (public-domain or CC0 images), shown by the demo and the notebook.
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left")
 

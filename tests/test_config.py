@@ -105,3 +105,31 @@ def test_round_trip_yaml(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("does/not/exist.yaml")
+
+
+def test_shipped_configs_load_by_name_and_travel_with_the_package():
+    from captioner.config import CONFIG_DIR, shipped_configs
+
+    assert CONFIG_DIR.parent.name == "captioner"  # inside the package: a wheel carries them
+    assert {"shapes", "flickr8k_soft", "flickr8k_soft_scst"} <= set(shipped_configs())
+    by_name = load_config("flickr8k_soft", ["train.lr=1e-3"])
+    by_path = load_config(CONFIG_DIR / "flickr8k_soft.yaml", ["train.lr=1e-3"])
+    assert by_name == by_path and by_name.train.lr == 1e-3
+    assert load_config("flickr8k_soft.yaml", ["train.lr=1e-3"]) == by_path
+    with pytest.raises(ConfigError, match="shipped configs, usable by name"):
+        load_config("no_such_config")
+
+
+def test_config_show_prints_every_key_resolved(capsys):
+    import yaml
+
+    from captioner.cli import main as cli_main
+    from captioner.config import config_to_dict
+
+    assert cli_main(["config", "show", "shapes", "--set", "train.epochs=3"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown == config_to_dict(load_config("shapes", ["train.epochs=3"]))
+    assert shown["train"]["scst"]["samples"] == 5  # a default the file never mentions
+    assert cli_main(["config", "list"]) == 0
+    assert "flickr8k_soft" in capsys.readouterr().out
+    assert cli_main(["config", "show", "nope"]) == 1
