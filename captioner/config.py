@@ -146,6 +146,8 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
     log_every: int = 50
+    tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/tblog.py
+    tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch
     num_threads: int = 0  # 0 = torch default
 
 
@@ -177,6 +179,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_schedule": ("none", "step", "cosine"),
     "train.amp": ("none", "bf16", "fp16"),
     "train.objective": ("xe", "scst"),
+    "train.tensorboard": ("auto", "on", "off"),
     "train.scst.baseline": ("mean", "greedy"),
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
     "eval.split": ("train", "val", "test"),
@@ -195,7 +198,7 @@ NON_NEGATIVE = (
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
     "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
     "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
-    "train.scst.max_length", "train.scst.greedy_images",
+    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images",
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "train.hard.baseline_decay",

@@ -311,14 +311,6 @@ def _write_metrics(path: Path, entries: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _tensorboard(run_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional; metrics.jsonl always has everything
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -463,7 +455,9 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
         # duplicated, and an epoch checkpointed but not yet logged is not lost.
         _write_metrics(metrics_path, progress.history)
-        writer = _tensorboard(run_dir)
+        from captioner.tblog import open_tensorboard
+
+        writer = open_tensorboard(run_dir, t.tensorboard)
 
     forward: nn.Module = _TrainForward(model, from_images)
     if world > 1:
@@ -501,8 +495,8 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                 bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
                                  if k in ("loss", "xe", "reward")})
                 if writer is not None:
-                    for name, value in res.parts.items():
-                        writer.add_scalar(f"train/{name}", float(value), progress.step)
+                    writer.step({**res.parts, "loss": res.loss.detach()}, optimizer.param_groups[0]["lr"],
+                                progress.step)
         bar.close()
         scheduler.step()
         train_time = time.monotonic() - epoch_start
@@ -536,9 +530,8 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             stop = progress.bad_epochs >= t.patience or _out_of_time(t.time_budget_s, time.monotonic() - started,
                                                                       time.monotonic() - epoch_start)
             if writer is not None:
-                for k, v in entry.items():
-                    if isinstance(v, (int, float)) and k not in ("epoch", "step"):
-                        writer.add_scalar(f"epoch/{k}", v, epoch + 1)
+                writer.epoch(entry, epoch + 1)
+                writer.images(model, val_decode_set.records[: t.tensorboard_images], epoch + 1)
         rng = gather_rng_states(world)  # a collective: every rank, every epoch
         if is_main:
             if not _all_finite(model):  # belt and braces: skipped steps should make this impossible
