@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
-    parser.add_argument("--tokenizer", choices=("auto", "ptb", "simple"), default="auto",
+    parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
                         help="tokenizer for scoring: ptb (coco-caption, needs Java), simple; auto = ptb when Java is "
                              "present")
     parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")

@@ -31,7 +31,11 @@ from captioner.data.vocab import tokenize
 
 CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
-TOKENIZERS = ("ptb", "simple")
+TOKENIZERS = ("ptb", "treebank", "simple")
+# The tokens coco-caption's PTBTokenizer drops after tokenizing (pycocoevalcap/tokenizer/ptbtokenizer.py).
+# It lower-cases first, so its upper-case bracket names never match: brackets survive as "-lrb-" etc.
+PTB_PUNCTUATION = frozenset({"''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":",
+                             "-", "--", "...", ";"})
 
 
 def _normalise(text: str) -> str:
@@ -42,15 +46,26 @@ def _normalise(text: str) -> str:
     return " ".join(t for t in tokenize(text) if any(ch.isalnum() for ch in t))
 
 
+def _treebank(text: str) -> str:
+    """The "treebank" tokenizer: nltk's Penn Treebank word tokenizer (no downloaded data needed) on the
+    lower-cased caption, with the punctuation PTB scoring drops removed. The fallback without Java:
+    it splits clitics ("man's" -> "man 's") and keeps hyphenated words ("t-shirt") as PTB does."""
+    from nltk.tokenize import TreebankWordTokenizer
+
+    tokens = TreebankWordTokenizer().tokenize(" ".join(text.split()), convert_parentheses=True)
+    return " ".join(t for t in (t.lower() for t in tokens) if t not in PTB_PUNCTUATION)
+
+
 def resolve_tokenizer(tokenizer: str = "auto") -> str:
     """"auto" -> "ptb" when Java is on PATH (coco-caption's Stanford PTB tokenizer, what published
-    tables use), else "simple". Explicit names are checked; "ptb" without Java is an error."""
+    tables use), else "treebank" (nltk's, close to PTB). Explicit names are checked; "ptb" without
+    Java is an error."""
     if tokenizer == "auto":
-        return "ptb" if shutil.which("java") is not None else "simple"
+        return "ptb" if shutil.which("java") is not None else "treebank"
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: auto, {', '.join(TOKENIZERS)}")
     if tokenizer == "ptb" and shutil.which("java") is None:
-        raise ValueError("tokenizer 'ptb' needs Java (`java` on PATH); use 'simple' or 'auto'")
+        raise ValueError("tokenizer 'ptb' needs Java (`java` on PATH); use 'treebank' or 'auto'")
     return tokenizer
 
 
@@ -59,6 +74,8 @@ def tokenize_captions(captions: dict[Any, list[str]], tokenizer: str) -> dict[An
     spaces. "ptb" runs coco-caption's PTBTokenizer once (one JVM start) over every caption."""
     if tokenizer == "simple":
         return {k: [_normalise(c) for c in caps] for k, caps in captions.items()}
+    if tokenizer == "treebank":
+        return {k: [_treebank(c) for c in caps] for k, caps in captions.items()}
     if tokenizer != "ptb":
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer

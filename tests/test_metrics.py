@@ -177,12 +177,41 @@ def test_ptb_tokenizer_splits_possessives_and_keeps_hyphens():
     assert caption_scores(preds, refs, meteor=False, tokenizer="simple")["BLEU-4"] < 50.0
 
 
+# Captions with what tokenizers disagree on; the three where nltk's Treebank tokenizer and coco-caption's
+# PTB tokenizer still differ are named in TREEBANK_DIFFERS.
+TOKENIZER_FIXTURE = [
+    "A man's red T-shirt, on the grass.", "A person riding transit ( catching ? ) a paper bag .",
+    "Two dogs don't play; they sleep...", 'A "happy" child [smiling] at 3:30 p.m.', "The U.S. flag flies.",
+    "A woman in a 50's style dress", "Kids play in the o'clock sun!", "A boy -- jumping -- into water",
+    "It's a dog's life: {fun}", "A man with a $5 bill and 50% off", "rock-climbing at sunset , wearing 'shades'",
+    "A cat can't reach the toy.", "Dogs' bowls are empty", "An e-mail from Mr. Smith", "A 3-year-old girl",
+    "The girls are gonna win", "A car ...going fast", "a man & a woman", "a dog#1 in the yard", "he said:'hi'",
+]
+TREEBANK_DIFFERS = {
+    3: "a sentence-final abbreviation: PTB keeps 'p.m.', Treebank splits its last period off (dropped)",
+    10: "single quotes around a word: PTB drops both, Treebank keeps the opening one ('shades)",
+    19: "the same after a colon: 'hi",
+}
+
+
+@pytest.mark.skipif(metrics.shutil.which("java") is None, reason="the PTB tokenizer needs Java")
+def test_treebank_tokenizer_is_close_to_ptb_and_its_differences_are_named():
+    keyed = {i: [c] for i, c in enumerate(TOKENIZER_FIXTURE)}
+    ptb = metrics.tokenize_captions(keyed, "ptb")
+    treebank = metrics.tokenize_captions(keyed, "treebank")
+    simple = metrics.tokenize_captions(keyed, "simple")
+    differs = {i for i in keyed if treebank[i] != ptb[i]}
+    assert differs == set(TREEBANK_DIFFERS), {i: (ptb[i], treebank[i]) for i in differs ^ set(TREEBANK_DIFFERS)}
+    assert sum(simple[i] != ptb[i] for i in keyed) >= 12  # what the Treebank fallback improves on
+    assert treebank[0] == ["a man 's red t-shirt on the grass"]
+
+
 def test_tokenizer_choice_follows_java(monkeypatch):
     monkeypatch.setattr(metrics.shutil, "which", lambda name: None)
-    assert metrics.resolve_tokenizer("auto") == "simple"
+    assert metrics.resolve_tokenizer("auto") == "treebank"
     with pytest.raises(ValueError, match="Java"):
         metrics.resolve_tokenizer("ptb")
-    with pytest.raises(ValueError, match="auto, ptb, simple"):
+    with pytest.raises(ValueError, match="auto, ptb, treebank, simple"):
         metrics.resolve_tokenizer("moses")
     monkeypatch.setattr(metrics.shutil, "which", lambda name: "/usr/bin/java")
     assert metrics.resolve_tokenizer("auto") == "ptb"
