@@ -194,8 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=None,
                         help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
     parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
-                        help="tokenizer for scoring: ptb (coco-caption, needs Java), simple; auto = ptb when Java is "
-                             "present")
+                        help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
+                             "simple; auto = ptb when Java is present, else treebank")
     parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")

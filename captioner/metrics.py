@@ -111,7 +111,7 @@ def caption_scores(
         metrics: names to compute (default all of CAPTION_METRICS), e.g. ("BLEU-4", "CIDEr-D")
             for fast validation during training. Only these keys are returned.
         meteor_timeout_s: a METEOR run longer than this is killed and reported as None.
-        tokenizer: "auto" (PTB when Java is present, as papers score; else "simple"), "ptb" or
+        tokenizer: "auto" (PTB when Java is present, as papers score; else "treebank"), "ptb", "treebank" or
             "simple"; ``resolve_tokenizer`` tells which "auto" picks, for reporting beside the scores.
 
     Returns:
