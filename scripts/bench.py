@@ -329,6 +329,76 @@ def bench_decode(quick: bool = False, device: str = "cpu", threads: int = 2, amp
     return result
 
 
+# Self-critical training at Flickr8k's shape (configs/flickr8k_soft_scst.yaml): 7x7x1280 grids, the
+# 2,541-word vocabulary of the Flickr8k train split (min_count 5), 32 images x 5 sampled captions of at
+# most 20 words; the reward's corpus is 6,000 images x 5 references of 8-15 words (Flickr8k's sizes).
+SCST_SIZES = dict(grid=7, feature_dim=1280, vocab=2541, images=32, samples=5, max_length=20,
+                  corpus_images=6000, refs=5, steps=3)
+SCST_QUICK = dict(grid=2, feature_dim=24, vocab=50, images=2, samples=3, max_length=4, corpus_images=20, refs=2,
+                  steps=1, embed_dim=16, attention_dim=16, hidden_dim=16)
+
+
+def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
+    """One SCST step (sampling with gradients, CIDEr-D reward, backward, Adam) against a cross-entropy step
+    on the same number of captions, and the reward's share of the SCST step."""
+    import statistics
+
+    import numpy as np
+
+    from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
+    from captioner.rewards import CiderD
+
+    torch.set_num_threads(threads)
+    s = {**SIZES, **SCST_SIZES, **(SCST_QUICK if quick else {})}
+    rng = np.random.default_rng(0)
+    corpus = [[list(rng.integers(4, s["vocab"], rng.integers(8, 16))) + [2] for _ in range(s["refs"])]
+              for _ in range(s["corpus_images"])]
+    start = time.perf_counter()
+    reward = CiderD(corpus, vocab_size=s["vocab"])
+    build_s = time.perf_counter() - start
+    decoder = _build_decoder(s, "soft", device).train()
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    B, k = s["images"], s["samples"]
+    grid = torch.randn(B, s["grid"] ** 2, s["feature_dim"], generator=g).to(device)  # (B, L, D)
+    images = np.repeat(np.arange(B), k)  # (B*k,) sample -> image
+    n_caps = B * k
+    T = 12  # Flickr8k's mean caption is about 11 words; teacher-forced captions of 12 tokens + <start>
+    captions = torch.randint(4, s["vocab"], (n_caps, T + 1), generator=g)
+    captions[:, 0], captions[:, -1] = 1, 2
+    lengths = torch.full((n_caps,), T + 1)
+    scst_times, reward_times, xe_times = [], [], []
+    for i in range(s["steps"] + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = decoder.sample(grid, k, start_id=1, end_id=2, max_length=s["max_length"], forbid_ids=(3,))
+        t1 = time.perf_counter()
+        r = torch.from_numpy(reward(out.tokens.cpu().numpy(), images, lengths=out.lengths.cpu().numpy())).float()
+        t2 = time.perf_counter()
+        loss = scst_loss(out, r.to(device), scst_baseline(r.view(B, k)).reshape(-1).to(device)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        _sync(device)
+        t3 = time.perf_counter()
+        grid_xe = grid.repeat_interleave(k, dim=0)  # (B*k, L, D): the same captions count, teacher-forced
+        loss = soft_attention_loss(decoder(grid_xe, captions.to(device), lengths.to(device)),
+                                   captions[:, 1:].to(device)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        _sync(device)
+        t4 = time.perf_counter()
+        if i > 0:  # the first round warms up
+            scst_times.append(t3 - t0)
+            reward_times.append(t2 - t1)
+            xe_times.append(t4 - t3)
+    scst_s, reward_s, xe_s = (statistics.median(x) for x in (scst_times, reward_times, xe_times))
+    return {"scst": {"scst_step_s": scst_s, "scst_reward_s": reward_s, "scst_reward_share": reward_s / scst_s,
+                     "scst_reward_build_s": build_s, "xe_step_s_same_captions": xe_s,
+                     "scst_xe_time_ratio": scst_s / xe_s, "scst_images_per_s": B / scst_s}}
+
+
 def add_useful_flops(results: dict) -> None:
     """train_useful_gflops (useful FLOPs x captions/s) and its fraction of the same run's matmul rate."""
     for key, row in results.items():
@@ -359,7 +429,7 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
     return results
 
 
-BENCHES = {"train": bench_train, "decode": bench_decode, "extract": bench_extract}
+BENCHES = {"train": bench_train, "decode": bench_decode, "extract": bench_extract, "scst": bench_scst}
 
 
 def format_table(results: dict) -> str:

@@ -94,6 +94,14 @@ def test_cli_quick_json_has_every_configuration():
         assert hard["train_caps_per_s"] > 0 and hard["hard_soft_time_ratio"] > 0
 
 
+def test_scst_bench_reports_the_reward_share(one_thread):
+    row = load_bench().bench_scst(quick=True, threads=1)["scst"]
+    for key in ("scst_step_s", "scst_reward_s", "xe_step_s_same_captions", "scst_reward_build_s"):
+        assert row[key] > 0, key
+    assert 0 < row["scst_reward_share"] < 1
+    assert row["scst_xe_time_ratio"] == pytest.approx(row["scst_step_s"] / row["xe_step_s_same_captions"])
+
+
 # ---------------------------------------------------------------------------------------
 # the fast paths the benchmark measures must decode exactly what the plain paths decode
 
