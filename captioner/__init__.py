@@ -3,15 +3,17 @@
 The public Python API is deliberately tiny (CLIP-style)::
 
     from captioner import load_captioner
-    model = load_captioner("runs/demo/best.pt")
+    model = load_captioner()                     # the shipped Flickr8k model (offline)
+    model = load_captioner("runs/demo/best.pt")  # or a checkpoint / run directory
     results = model.caption(["photo.jpg"], beam=3)
 """
 
 __version__ = "0.1.0"
 
 
-def load_captioner(path, device: str = "cpu"):
-    """Load a trained captioner from a checkpoint file or run directory (see models/captioner.py)."""
+def load_captioner(path=None, device: str = "cpu"):
+    """Load a trained captioner from a checkpoint file or run directory, or with no path (or a shipped
+    model's name such as "flickr8k") the pretrained model shipped with the package (see models/captioner.py)."""
     from captioner.models.captioner import load_captioner as _load
 
     return _load(path, device=device)

@@ -48,7 +48,7 @@ def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS, beam: int = 3) 
     images = [sample_photo(n) for n in names]
     results = []
     for name, image, out in zip(names, images, model.caption(images, beam=beam)):
-        image.save(out_dir / f"{name}.jpg", quality=92)
+        image.save(out_dir / f"{name}.png")  # lossless: `captioner caption` on it gives the same caption
         fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
         target = out_dir / f"{name}_attention.png"
         fig.savefig(target, dpi=80, bbox_inches="tight")

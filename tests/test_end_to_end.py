@@ -33,7 +33,7 @@ def test_demo_writes_checkpoint_summary_and_overlays(demo_run, capsys):
     from captioner.demo import PHOTOS
 
     for name in PHOTOS:
-        assert (run_dir / "photos" / f"{name}.jpg").is_file(), name
+        assert (run_dir / "photos" / f"{name}.png").is_file(), name
         assert (run_dir / "photos" / f"{name}_attention.png").stat().st_size > 1000, name
     # a second run reuses the finished training instead of training again
     mtime = (run_dir / "best.pt").stat().st_mtime_ns

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import captioner
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
 from captioner.models.captioner import load_captioner
@@ -37,7 +38,8 @@ def photo_captions(shipped):
 def test_default_model_is_shipped_and_listed():
     models = available_models()
     assert DEFAULT_MODEL in models
-    assert load_captioner.__defaults__[0] is None  # load_captioner() needs no argument
+    assert load_captioner.__defaults__[0] is None  # load_captioner() needs no argument ...
+    assert captioner.load_captioner.__defaults__[0] is None  # ... in the public API too
 
 
 def test_astronaut_is_a_person_and_chelsea_an_animal(photo_captions):
