@@ -86,3 +86,18 @@ def test_pip_install_keeps_a_different_installed_pytorch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert planned == {"captioner"}, planned
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_shipped_model_configs_and_licence(tmp_path):
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                           "--quiet", "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = set(zipfile.ZipFile(next(tmp_path.glob("captioner-*.whl"))).namelist())
+    for name in ("captioner/shipped/flickr8k_soft.safetensors", "captioner/shipped/flickr8k_soft.json",
+                 "captioner/shipped/flickr8k_soft.md", "captioner/configs/flickr8k_soft.yaml",
+                 "captioner/configs/shapes.yaml"):
+        assert name in names, name
+    assert any(n.endswith("licenses/LICENSE") for n in names)
