@@ -1,4 +1,4 @@
-"""Pretrained captioners shipped inside the package (``captioner/shipped/``), usable offline.
+"""Pretrained captioners shipped inside the package (``captioner/pretrained/``), usable offline.
 
 A shipped model is three files named after it:
 
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+SHIPPED_DIR = Path(__file__).resolve().parent / "pretrained"
 FORMAT = "captioner-model"
 VERSION = 1
 DEFAULT_MODEL = "flickr8k_soft"

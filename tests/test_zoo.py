@@ -1,4 +1,4 @@
-"""The shipped pretrained Flickr8k captioner (captioner/zoo.py, captioner/shipped/): it loads offline
+"""The shipped pretrained Flickr8k captioner (captioner/zoo.py, captioner/pretrained/): it loads offline
 without executing code, fits its size limit, matches its model card, and says sensible things about
 real photographs (scikit-image's bundled ones, which are not in Flickr8k)."""
 
