@@ -24,7 +24,9 @@ def load_bench():
 
 @pytest.fixture
 def one_thread():
+    """Run the test on one intra-op thread (the bench functions are also passed 1), then restore."""
     threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield 1
     torch.set_num_threads(threads)
 
@@ -95,7 +97,7 @@ def test_cli_quick_json_has_every_configuration():
 
 
 def test_scst_bench_reports_the_reward_share(one_thread):
-    row = load_bench().bench_scst(quick=True, threads=1)["scst"]
+    row = load_bench().bench_scst(quick=True, threads=one_thread)["scst"]
     for key in ("scst_step_s", "scst_reward_s", "xe_step_s_same_captions", "scst_reward_build_s"):
         assert row[key] > 0, key
     assert 0 < row["scst_reward_share"] < 1
