@@ -324,17 +324,19 @@ class Progress:
     history: list[dict] = field(default_factory=list)  # one metrics entry per epoch
     best: dict = field(default_factory=dict)  # {"metric", "value", "epoch"}
     bad_epochs: int = 0  # epochs since the validation metric last improved (early stopping)
+    elapsed_s: float = 0.0  # wall time of the run so far, across resumes (train.time_budget_s counts it)
     nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
 
     def payload(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "baseline": self.baseline,
+        return {"epoch": self.epoch, "step": self.step, "baseline": self.baseline, "elapsed_s": self.elapsed_s,
                 "metrics": {"history": self.history, "best": self.best, "bad_epochs": self.bad_epochs}}
 
     @classmethod
     def from_payload(cls, payload: dict) -> "Progress":
         metrics = payload["metrics"]
         return cls(epoch=int(payload["epoch"]), step=int(payload["step"]), baseline=payload["baseline"],
-                   history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]))
+                   history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]),
+                   elapsed_s=float(payload.get("elapsed_s", 0.0)))
 
 
 def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
@@ -405,6 +407,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             if payload["config"].get(section) != config_to_dict(cfg)[section]:
                 raise ConfigError(f"--resume {resume}: the config's {section!r} section differs from the "
                                   f"checkpoint's; resume with the run's own config.yaml (only train.* may change)")
+        _check_resumed_schedule(payload["config"].get("train", {}), t, resume)
     run_dir = Path(t.run_dir)
 
     train_records = _records(cfg, "train", rank, world)
@@ -441,6 +444,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         optimizer.load_state_dict(payload["optimizer"])
         scheduler.load_state_dict(payload["scheduler"])
         progress = Progress.from_payload(payload)
+        started -= progress.elapsed_s  # the time budget counts the run's earlier sessions too
         rng_states = payload["rng"]["ranks"]
         set_rng_state(rng_states[rank] if rank < len(rng_states) else rng_states[0])  # last: nothing draws after
         log.info("resuming %s after epoch %d (step %d)", run_dir, progress.epoch, progress.step)
@@ -498,6 +502,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                     writer.step({**res.parts, "loss": res.loss.detach()}, optimizer.param_groups[0]["lr"],
                                 progress.step)
         bar.close()
+        trained_lr = optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
         scheduler.step()
         train_time = time.monotonic() - epoch_start
         progress.epoch = epoch + 1
@@ -508,7 +513,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             entry: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step}
             entry.update({f"train_{k}": float(v) / max(n_steps, 1) for k, v in sums.items()})
             entry.update({"skipped_steps": skipped, "baseline": progress.baseline,
-                          "lr": optimizer.param_groups[0]["lr"]})
+                          "lr": trained_lr})
             if scst is not None:
                 entry["train_greedy_reward"] = scst.greedy_reward_on(model, train_set, device, cfg.eval.batch_size)
             entry.update(validate(model, cfg, val_loss_set, val_decode_set, device, from_images, amp))
@@ -536,6 +541,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         if is_main:
             if not _all_finite(model):  # belt and braces: skipped steps should make this impossible
                 raise TrainingError(f"non-finite weights after epoch {epoch + 1}; not saving them")
+            progress.elapsed_s = time.monotonic() - started
             ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": {"ranks": rng}, "config": config_to_dict(cfg),
                     "vocab": vocab.to_dict(), **progress.payload()}
@@ -557,6 +563,22 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         writer.close()
     barrier(world)
     return run_dir
+
+
+# What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value
+# would be silently ignored (a cosine run resumed to a longer horizon would restart from its end).
+SCHEDULE_KEYS = ("optimizer", "lr", "encoder_lr", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma")
+
+
+def _check_resumed_schedule(saved: dict, t: Any, resume: str) -> None:
+    """Refuse a resume whose optimizer or schedule settings differ from the run's, naming the key."""
+    keys = SCHEDULE_KEYS + (("epochs",) if saved.get("lr_schedule") == "cosine" else ())
+    for key in keys:
+        if key in saved and saved[key] != getattr(t, key):
+            raise ConfigError(
+                f"--resume {resume}: train.{key} is {getattr(t, key)!r} but the run was trained with {saved[key]!r}; "
+                f"the optimizer and learning-rate schedule resume as they were, so the new value would be ignored. "
+                f"Resume with train.{key}={saved[key]!r}, or start a new run from this one with --init")
 
 
 def _out_of_time(budget_s: float, elapsed_s: float, last_epoch_s: float) -> bool:
