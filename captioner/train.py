@@ -182,11 +182,11 @@ def _bare(forward: nn.Module) -> nn.Module:
     return forward.module if isinstance(forward, nn.parallel.DistributedDataParallel) else forward
 
 
-def _init_payload(cfg: Config) -> dict:
-    from captioner.checkpoint import load_checkpoint
-
-    path = Path(cfg.train.init)
-    return load_checkpoint(path / "best.pt" if path.is_dir() else path)
+def _require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str) -> None:
+    """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's."""
+    for section in ("data", "model"):
+        if saved_config.get(section) != config_to_dict(cfg)[section]:
+            raise ConfigError(f"{what}: the config's {section!r} section differs from the checkpoint's; {advice}")
 
 
 def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
@@ -194,10 +194,8 @@ def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     which must have been trained with the same data and model sections (and so the same vocabulary)."""
     from captioner.checkpoint import check_state_dict
 
-    for section in ("data", "model"):
-        if payload["config"].get(section) != config_to_dict(cfg)[section]:
-            raise ConfigError(f"train.init={cfg.train.init}: its {section!r} config section differs from this "
-                              "run's; start from a run trained with the same data and model settings")
+    _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
+                           "start from a run trained with the same data and model settings")
     check_state_dict(payload["model"], model.state_dict())
     model.load_state_dict(payload["model"])
     log.info("initialised from %s (epoch %s)", cfg.train.init, payload.get("epoch"))
@@ -403,10 +401,8 @@ def train(cfg: Config, resume: str | None = None) -> Path:
         ckpt_file = resume_path / "last.pt" if resume_path.is_dir() else resume_path
         payload = load_checkpoint(ckpt_file)
         t.run_dir = str(ckpt_file.parent)
-        for section in ("data", "model"):  # what the weights and the vocabulary depend on
-            if payload["config"].get(section) != config_to_dict(cfg)[section]:
-                raise ConfigError(f"--resume {resume}: the config's {section!r} section differs from the "
-                                  f"checkpoint's; resume with the run's own config.yaml (only train.* may change)")
+        _require_same_sections(payload["config"], cfg, f"--resume {resume}",
+                               "resume with the run's own config.yaml (only train.* may change)")
         _check_resumed_schedule(payload["config"].get("train", {}), t, resume)
     run_dir = Path(t.run_dir)
 
@@ -414,7 +410,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     val_records = _records(cfg, "val", rank, world)
     if t.val_max_images:
         val_records = val_records[: t.val_max_images]
-    init = _init_payload(cfg) if t.init and payload is None else None
+    init = load_checkpoint(t.init) if t.init and payload is None else None  # a run directory: its best.pt
     if payload is not None or init is not None:
         vocab = Vocab.from_dict((payload or init)["vocab"])
     else:

@@ -76,7 +76,7 @@ def resolve_name(name: str | None) -> str:
 
 def is_shipped_name(text: str) -> bool:
     """Whether ``text`` names a shipped model rather than a path."""
-    return (text in ALIASES or text in available_models()) and not Path(text).exists()
+    return (text in ALIASES or (SHIPPED_DIR / f"{text}.json").is_file()) and not Path(text).exists()
 
 
 def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPED_DIR,
@@ -89,9 +89,7 @@ def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPE
 
     from captioner.checkpoint import load_checkpoint
 
-    path = Path(checkpoint)
-    pretrained = bool(load_checkpoint(path / "best.pt" if path.is_dir() else path)
-                      ["config"]["model"]["encoder"]["pretrained"])
+    pretrained = bool(load_checkpoint(checkpoint)["config"]["model"]["encoder"]["pretrained"])
     model = load_captioner(checkpoint)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
