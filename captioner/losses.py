@@ -76,23 +76,78 @@ class LossOutput:
     reward_count: Tensor | None = None  # hard: number of sampled images
 
 
+def _at_least_float32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+class _TokenNLL(torch.autograd.Function):
+    """-log softmax(logits)[target] per row, with a one-pass backward: softmax(logits) - onehot(target).
+
+    F.cross_entropy does the same as log_softmax + nll_loss, whose backward writes a zero (R, V) tensor,
+    scatters into it and then runs log_softmax's backward over it (three full passes); here the backward
+    is one pass that writes exp(logits - lse) * g and one scatter of -g at the targets. Forward keeps
+    only the per-row log-sum-exp. tests/test_losses.py compares values and gradients with F.cross_entropy.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
+        x = _at_least_float32(logits)  # (R, V); no copy for float32
+        lse = torch.logsumexp(x, dim=1)  # (R,)
+        nll = lse - x.gather(1, targets.unsqueeze(1)).squeeze(1)  # (R,)
+        ctx.save_for_backward(logits, targets, lse)
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        x = _at_least_float32(logits)
+        g = grad.to(x.dtype).unsqueeze(1)  # (R, 1)
+        d = torch.sub(x, lse.unsqueeze(1)).exp_().mul_(g)  # softmax * g, (R, V), one fresh buffer
+        d.scatter_add_(1, targets.unsqueeze(1), -g)  # - onehot * g
+        return d.to(logits.dtype), None
+
+
+def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """Negative log-likelihood of each row's target: logits (R, V), targets (R,) -> (R,), in float32 at least.
+
+    Equals F.cross_entropy(logits.float(), targets, reduction="none") (values and gradients)."""
+    return _TokenNLL.apply(logits, targets)
+
+
+def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The logits of the real (unpadded) target tokens, packed: (R, V) logits, (R,) targets and (R,) caption index.
+
+    Uses the decoder's packed logits (``DecoderOutput.packed_logits``, only real steps were ever computed)
+    when the output has them; otherwise selects output.logits[output.mask].
+    """
+    B, T = targets.shape
+    packed = getattr(output, "packed_logits", None)
+    if packed is not None:
+        rows = output.rows  # (R,) flat indices b * T + t
+    else:
+        rows = output.mask.reshape(-1).nonzero().squeeze(1)  # (R,)
+        packed = output.logits.reshape(B * T, -1).index_select(0, rows)
+    return packed, targets.reshape(-1).index_select(0, rows), torch.div(rows, T, rounding_mode="floor")
+
+
 def masked_cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     """Mean negative log-likelihood over real tokens: logits (B, T, V), targets (B, T), mask (B, T)."""
     B, T, V = logits.shape
-    nll = F.cross_entropy(logits.reshape(B * T, V).float(), targets.reshape(B * T), reduction="none")  # (B*T,)
-    mask = mask.reshape(B * T).to(nll.dtype)
-    return (nll * mask).sum() / mask.sum().clamp(min=1.0)
+    rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) real tokens only
+    nll = token_nll(logits.reshape(B * T, V).index_select(0, rows), targets.reshape(-1).index_select(0, rows))
+    return nll.sum() / max(rows.numel(), 1)
 
 
-def token_log_likelihood(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-    """log p(y_t) of each target token, 0 at padding: (B, T)."""
-    log_p = F.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return log_p * mask.to(log_p.dtype)
+def sequence_cross_entropy(output: Any, targets: Tensor) -> Tensor:
+    """masked_cross_entropy of a DecoderOutput (or anything with logits and mask): the packed fast path."""
+    logits, real_targets, _ = real_token_logits(output, targets)
+    return token_nll(logits, real_targets).sum() / max(real_targets.numel(), 1)
 
 
 def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
     """Eq. (14): mean over the batch of Σ_i (1 - Σ_t α_ti)², t over real steps. alphas (B, T, L)."""
-    coverage = (alphas.float() * mask.unsqueeze(-1).to(torch.float32)).sum(dim=1)  # (B, L)
+    a = _at_least_float32(alphas)
+    coverage = (a * mask.unsqueeze(-1).to(a.dtype)).sum(dim=1)  # (B, L)
     return ((1.0 - coverage) ** 2).sum(dim=1).mean()
 
 
@@ -106,9 +161,9 @@ def penalty_per_token(alphas: Tensor, mask: Tensor) -> Tensor:
 def attention_entropy(alphas: Tensor, mask: Tensor) -> Tensor:
     """Mean over real steps of H(α_t) / log L (0: one cell, 1: uniform). alphas (B, T, L), mask (B, T)."""
     L = alphas.shape[-1]
-    a = alphas.float()
+    a = _at_least_float32(alphas)
     h = -(a * torch.log(a.clamp(min=1e-12))).sum(-1) / math.log(max(L, 2))  # (B, T)
-    m = mask.to(torch.float32)
+    m = mask.to(a.dtype)
     return (h * m).sum() / m.sum().clamp(min=1.0)
 
 
@@ -118,7 +173,7 @@ def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0, alph
     ``parts["alpha_penalty"]`` is the per-caption penalty Σ_i (1 - Σ_t α_ti)² (batch mean), as logged;
     ``parts["alpha_entropy"]`` the mean normalised entropy of α (weighted by ``alpha_entropy`` in the loss).
     """
-    xe = masked_cross_entropy(output.logits, targets, output.mask)
+    xe = sequence_cross_entropy(output, targets)
     penalty = doubly_stochastic_penalty(output.alphas, output.mask)
     sharpness = attention_entropy(output.alphas, output.mask)
     loss = xe + alpha_c * penalty_per_token(output.alphas, output.mask) + alpha_entropy * sharpness
@@ -144,10 +199,11 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
                          "(log_probs and entropies are None: is the attention kind 'hard'?)")
     mask = output.mask.to(torch.float32)  # (B, T-1)
     n_tokens = mask.sum().clamp(min=1.0)
-    log_py = token_log_likelihood(output.logits, targets, output.mask)  # (B, T-1)
-    reward = log_py.sum(dim=1).detach()  # (B,): R = log p(y | s̃, a)
-    log_ps = (output.log_probs.float() * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
-    entropy = (output.entropies.float() * mask).sum()  # Σ over real steps and images
+    logits, real_targets, caption = real_token_logits(output, targets)  # (R, V), (R,), (R,)
+    log_py = -token_nll(logits, real_targets)  # (R,) log p(y_t | s̃, a) of the real tokens
+    reward = log_py.detach().new_zeros(targets.shape[0]).index_add_(0, caption, log_py.detach())  # (B,): R = log p(y | s̃, a)
+    log_ps = (_at_least_float32(output.log_probs) * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
+    entropy = (_at_least_float32(output.entropies) * mask).sum()  # Σ over real steps and images
     if sampled is None:
         sampled = torch.ones_like(reward, dtype=torch.bool)
     sampled_f = sampled.to(reward.dtype)

@@ -115,7 +115,16 @@ def bench_extract(n_images: int = 64, batch_size: int = 32, num_workers: int = 2
 CONFIGS = {
     "R7": dict(grid=7, feature_dim=1280),
     "R14": dict(grid=14, feature_dim=2048),
+    # Flickr8k's shape (configs/flickr8k_soft.yaml): EfficientNet-Lite0 7x7x1280 grids, batch 64, a 2,300-word
+    # vocabulary (the issue's figure for the port's run), caption lengths drawn from FLICKR8K_LENGTHS.
+    "F8K": dict(grid=7, feature_dim=1280, vocab=2300, batch=64, lengths="flickr8k"),
 }
+# Words per caption (captions clipped at 30 words, as data.max_length does) -> number of captions, counted over
+# the 30,000 training captions of Flickr8k's Karpathy split (data/flickr8k/dataset_flickr8k.json, the "tokens"
+# field, split "train"); mean 10.8 words. A caption of n words has n + 2 tokens with <start> and <end>.
+FLICKR8K_LENGTHS = {2: 15, 3: 126, 4: 346, 5: 862, 6: 1958, 7: 2537, 8: 2929, 9: 3318, 10: 3320, 11: 3131,
+                    12: 2777, 13: 2321, 14: 1848, 15: 1329, 16: 976, 17: 662, 18: 513, 19: 365, 20: 204,
+                    21: 136, 22: 110, 23: 74, 24: 52, 25: 33, 26: 20, 27: 11, 28: 7, 29: 9, 30: 11}
 # Shared by both configurations (the issue's sizes); --quick replaces them with tiny ones for tests.
 SIZES = dict(batch=32, embed_dim=512, attention_dim=512, hidden_dim=512, vocab=10_000, tokens=22,
              decode_length=20, train_steps=4, warmup_steps=1, decode_repeats=2)
@@ -129,6 +138,17 @@ def _sizes(config: str, quick: bool) -> dict:
     return {**SIZES, **CONFIGS[config], **(QUICK if quick else {})}
 
 
+def _caption_lengths(s: dict, generator: torch.Generator) -> torch.Tensor:
+    """(B,) tokens per caption: all s["tokens"], or drawn from Flickr8k's histogram (<start> and <end> added)."""
+    B = s["batch"]
+    if s.get("lengths") != "flickr8k":
+        return torch.full((B,), s["tokens"])
+    words = torch.tensor(list(FLICKR8K_LENGTHS))
+    counts = torch.tensor(list(FLICKR8K_LENGTHS.values()), dtype=torch.float)
+    drawn = words[torch.multinomial(counts, B, replacement=True, generator=generator)] + 2
+    return drawn
+
+
 def _build_decoder(s: dict, attention: str, device: str):
     from captioner.models.decoder import ShowAttendTellDecoder
 
@@ -139,13 +159,17 @@ def _build_decoder(s: dict, attention: str, device: str):
 
 
 def _synthetic_batch(s: dict, device: str, seed: int = 0):
-    """Grid (B, L, D) and captions (B, T) <start> w_1 .. w_{T-2} <end>: every caption has T tokens."""
+    """Grid (B, L, D) and captions (B, T) <start> w_1 .. w_n <end> <pad> ...: every caption has s["tokens"]
+    tokens, or (F8K) lengths drawn from Flickr8k's, T the longest."""
     g = torch.Generator().manual_seed(seed)
-    B, L, T = s["batch"], s["grid"] ** 2, s["tokens"]
+    B, L = s["batch"], s["grid"] ** 2
+    lengths = _caption_lengths(s, g)  # (B,)
+    T = int(lengths.max())
     grid = torch.randn(B, L, s["feature_dim"], generator=g)  # (B, L, D)
     captions = torch.randint(4, s["vocab"], (B, T), generator=g)  # (B, T); ids 0-3 are specials
-    captions[:, 0], captions[:, -1] = 1, 2  # <start>, <end>
-    lengths = torch.full((B,), T)
+    captions[:, 0] = 1  # <start>
+    captions[torch.arange(B), lengths - 1] = 2  # <end>
+    captions[torch.arange(T)[None, :] >= lengths[:, None]] = 0  # <pad>
     return grid.to(device), captions.to(device), lengths.to(device)
 
 
@@ -222,7 +246,8 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     result = {}
     for kind, (decoder, _) in models.items():
         step_s = statistics.median(times[kind])
-        flops = caption_train_flops(decoder, s["grid"] ** 2, s["tokens"] - 1, soft=kind != "hard")
+        steps = float(lengths.float().mean()) - 1  # words predicted per caption (all s["tokens"] - 1 but in F8K)
+        flops = caption_train_flops(decoder, s["grid"] ** 2, steps, soft=kind != "hard")
         result[kind] = {"train_caps_per_s": s["batch"] / step_s, "train_step_s": step_s,
                         "train_useful_gflop_per_caption": flops / 1e9}
         if len(models) == 1:

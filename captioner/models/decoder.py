@@ -14,7 +14,8 @@ biases) runs for all steps in one matmul before the loop; each step adds beta_t 
 times their weights (two addmm on weight views, no copies) and does the cell's elementwise math
 (nn.LSTMCell's parameters and gate order i, f, g, o; step() runs the same code).
 Captions are sorted by length so the recurrence runs only the captions still
-going at each step (the active batch shrinks); results are un-sorted before the output layer.
+going at each step (the active batch shrinks); the output layer and the loss then run on the real
+steps only (DecoderOutput.packed_logits), never on padding.
 
 step() runs one word for N (image, partial caption) states for search; it reproduces the
 teacher-forced logits exactly in eval mode.
@@ -22,13 +23,14 @@ teacher-forced logits exactly in eval mode.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner.models.attention import MODES, build_attention
+from captioner.models.deferred import StepWeight
 
 GATES = ("scalar", "vector", "none")
 
@@ -37,7 +39,11 @@ GATES = ("scalar", "vector", "none")
 class DecoderOutput:
     """Teacher-forced decoding of captions (B, T).
 
-    logits: (B, T-1, V) predicting captions[:, 1:] (values at padded steps are meaningless).
+    packed_logits: (R, V) logits of the R real steps only (the output layer never runs on padding),
+        row r predicting the flat target rows[r] of captions[:, 1:] (b * (T-1) + t).
+    rows: (R,) those flat indices. losses.real_token_logits reads the pair.
+    logits: (B, T-1, V) predicting captions[:, 1:], zero at padded steps: a property, scattered from
+        packed_logits on first use (the losses do not need it).
     alphas: (B, T-1, L), zero at padded steps.
     log_probs: (B, T-1) log p(s_t) of the attended locations (hard attention in "sample"/"argmax"
         modes; 0 at padded steps and for images under expectation_mask), else None.
@@ -45,11 +51,22 @@ class DecoderOutput:
     mask: (B, T-1) bool, True at real steps (t < length - 1).
     """
 
-    logits: Tensor
+    packed_logits: Tensor
+    rows: Tensor
     alphas: Tensor
     log_probs: Tensor | None
     entropies: Tensor | None
     mask: Tensor
+    _logits: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> Tensor:
+        if self._logits is None:
+            B, S = self.mask.shape
+            packed = self.packed_logits
+            full = packed.new_zeros(B * S, packed.shape[1]).index_copy(0, self.rows, packed)
+            self._logits = full.view(B, S, -1)  # (B, T-1, V)
+        return self._logits
 
 
 @dataclass
@@ -140,28 +157,36 @@ class ShowAttendTellDecoder(nn.Module):
             memory = [m.repeat_interleave(beams, dim=0) for m in memory]  # (B*K, ...)
         return (h.repeat_interleave(beams, dim=0), c.repeat_interleave(beams, dim=0), *memory)
 
-    def _lstm_weights(self, emb: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Split nn.LSTMCell for the loop: the word part of the gates, emb (..., E) -> (..., 4H), and
-        the per-step weights (views): context (Z, 4H) and recurrent (H, 4H)."""
+    # Form the LSTM weights' gradients once per sequence, not once per step (models/deferred.py); False
+    # runs the plain per-step autograd path, which tests/test_fast_paths.py compares against.
+    defer_weight_grads = True
+
+    def _word_gates(self, emb: Tensor) -> Tensor:
+        """The word-embedding share of the LSTM gates (both biases included): emb (..., E) -> (..., 4H)."""
         E = self.embedding.embedding_dim
         weight_ih = self.lstm.weight_ih  # (4H, E + Z): the input is [E y; beta z]
-        word_gates = F.linear(emb, weight_ih[:, :E], self.lstm.bias_ih + self.lstm.bias_hh)  # (..., 4H)
-        return word_gates, (weight_ih[:, E:].t(), self.lstm.weight_hh.t())
+        return F.linear(emb, weight_ih[:, :E], self.lstm.bias_ih + self.lstm.bias_hh)
+
+    def _step_weights(self) -> tuple[StepWeight, StepWeight]:
+        """The per-step LSTM weights for one sequence: context (Z, 4H) and recurrent (H, 4H), as views."""
+        E = self.embedding.embedding_dim
+        return (StepWeight(self.lstm.weight_ih[:, E:].t(), self.defer_weight_grads),
+                StepWeight(self.lstm.weight_hh.t(), self.defer_weight_grads))
 
     def _recur(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
-               step_weights: tuple[Tensor, Tensor], expectation_mask: Tensor | None = None):
+               step_weights: tuple[StepWeight, StepWeight], expectation_mask: Tensor | None = None):
         """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read).
 
-        word_gates (N, 4H) is the embedding's share of the LSTM gates (see _lstm_weights).
+        word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates).
         """
         read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic)
         z = read.context  # (N, Z)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
         w_context, w_hidden = step_weights
-        # The second addmm accumulates in place into the first one's fresh output (autograd allows
+        # The second addmm may accumulate in place into the first one's fresh output (autograd allows
         # it: addmm's backward does not need its output); word_gates itself may be a view.
-        gates = torch.addmm(word_gates, z, w_context).addmm_(h, w_hidden)  # (N, 4H), order i, f, g, o
+        gates = w_hidden.addmm(w_context.addmm(word_gates, z), h, inplace=True)  # (N, 4H), order i, f, g, o
         H = h.shape[1]
         sig = torch.sigmoid(gates)  # (N, 4H): one kernel for i, f, o (the g quarter is unused)
         c = torch.addcmul(sig[:, H:2 * H] * c, sig[:, :H], torch.tanh(gates[:, 2 * H:3 * H]))  # (N, H)
@@ -201,7 +226,8 @@ class ShowAttendTellDecoder(nn.Module):
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
         grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
-        word_gates, step_weights = self._lstm_weights(emb_s)  # (B, T-1, 4H) for all steps at once
+        word_gates = self._word_gates(emb_s)  # (B, T-1, 4H) for all steps at once
+        step_weights = self._step_weights()
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
         h, c, *memory = self.init_state(grid_s)
 
@@ -238,9 +264,12 @@ class ShowAttendTellDecoder(nn.Module):
             out = packed.new_zeros(B * (T - 1), *packed.shape[1:]).index_copy(0, dest, packed)
             return out.view(B, T - 1, *packed.shape[1:])  # (B, T-1, *), zeros at padded steps
 
-        logits = self._deep_output(emb, scatter(hs), scatter(zs))  # (B, T-1, V): one L_o matmul for all steps
+        # Eq. (7) on the real steps only, in the packed order: one L_o matmul for all of them, none on padding.
+        emb_packed = emb.reshape(B * (T - 1), -1).index_select(0, dest)  # (R, E)
+        logits = self._deep_output(emb_packed, torch.cat(hs), torch.cat(zs))  # (R, V)
         return DecoderOutput(
-            logits=logits,
+            packed_logits=logits,
+            rows=dest,
             alphas=scatter(alphas),
             log_probs=scatter(log_probs) if log_probs else None,
             entropies=scatter(entropies) if entropies else None,
@@ -266,10 +295,10 @@ class ShowAttendTellDecoder(nn.Module):
         tokens = torch.full((N,), start_id, dtype=torch.long, device=grid.device)
         running = torch.ones(N, dtype=torch.bool, device=grid.device)
         words, word_lp, loc_lp, alphas = [], [], [], []
+        step_weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(tokens)  # (N, E)
-            word_gates, step_weights = self._lstm_weights(emb)
-            h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights)
+            h, c, z, read = self._recur(self._word_gates(emb), h, c, memory, mode, step_weights)
             logits = self._deep_output(emb, h, z)  # (N, V)
             logits = logits.index_fill(1, torch.tensor(forbid, device=logits.device), -math.inf)
             log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
@@ -311,7 +340,6 @@ class ShowAttendTellDecoder(nn.Module):
         mode = self._mode(attention_mode)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
-        word_gates, step_weights = self._lstm_weights(emb)  # (N, 4H)
-        h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights)
+        h, c, z, read = self._recur(self._word_gates(emb), h, c, memory, mode, self._step_weights())
         log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
         return log_probs, read.alpha, read.index, (h, c, *memory)

@@ -1,0 +1,152 @@
+"""The training fast paths against plain implementations, so a hand-written backward cannot drift.
+
+- losses.token_nll (one-pass backward) against F.cross_entropy;
+- models/deferred.StepWeight (weight gradients formed once per sequence) against per-step autograd;
+- the decoder's whole training loss (sorted, shrinking batch, packed output layer, deferred LSTM weight
+  gradients, token_nll) against a plain step-by-step Show-Attend-Tell written here with nn.LSTMCell and
+  F.cross_entropy over the padded batch: gradients of every parameter equal.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from captioner.losses import hard_attention_loss, soft_attention_loss, token_nll
+from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.deferred import StepWeight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_token_nll_equals_cross_entropy(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(37, 53, generator=g) * 6).to(dtype)  # large logits: log-sum-exp must be stable
+    logits[0, :] = 80.0  # a row of equal, large logits
+    targets = torch.randint(0, 53, (37,), generator=g)
+    weights = torch.rand(37, generator=g, dtype=torch.float64)
+    x_fast = logits.clone().requires_grad_()
+    x_ref = logits.clone().requires_grad_()
+    fast = token_nll(x_fast, targets)
+    ref = F.cross_entropy(x_ref.double() if dtype == torch.float64 else x_ref.float(), targets, reduction="none")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert fast.dtype == ref.dtype
+    torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
+    (fast * weights.to(fast.dtype)).sum().backward()
+    (ref * weights.to(ref.dtype)).sum().backward()
+    assert x_fast.grad.dtype == dtype
+    torch.testing.assert_close(x_fast.grad, x_ref.grad, atol=tol if dtype != torch.bfloat16 else 1e-2, rtol=tol)
+
+
+def _toy_recurrence(weight: torch.Tensor, recur: torch.Tensor, xs: list[torch.Tensor], defer: bool,
+                    skip_last: bool = False) -> torch.Tensor:
+    """h_t = tanh(x_t @ W + h_{t-1} @ U) on a batch that shrinks like the decoder's; returns a loss."""
+    w, u = StepWeight(weight, defer), StepWeight(recur, defer)
+    h = torch.zeros(xs[0].shape[0], recur.shape[0], dtype=weight.dtype)
+    loss = 0.0
+    for t, x in enumerate(xs):
+        n = x.shape[0]
+        h = torch.tanh(u.addmm(w.addmm(torch.zeros(n, recur.shape[1], dtype=weight.dtype), x), h[:n], inplace=True))
+        if not (skip_last and t == len(xs) - 1):
+            loss = loss + (h ** 2).sum() * (t + 1)
+    return loss
+
+
+@pytest.mark.parametrize("skip_last", [False, True])
+def test_step_weight_gradients_equal_per_step_autograd(skip_last):
+    """Including a last step whose output never reaches the loss (its backward never runs)."""
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    recur = torch.randn(5, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    xs = [torch.randn(n, 6, generator=g, dtype=torch.float64, requires_grad=True) for n in (4, 4, 3, 1)]
+    grads = {}
+    for defer in (False, True):
+        loss = _toy_recurrence(weight, recur, xs, defer, skip_last)
+        grads[defer] = torch.autograd.grad(loss, [weight, recur, *xs], allow_unused=True)
+    for plain, fast in zip(grads[False], grads[True]):
+        assert (plain is None) == (fast is None)
+        if plain is not None:
+            torch.testing.assert_close(fast, plain, atol=1e-12, rtol=1e-12)
+    # a second backward through a retained graph gives the same gradient again
+    loss = _toy_recurrence(weight, recur, xs, True, skip_last)
+    first = torch.autograd.grad(loss, [weight], retain_graph=True)[0]
+    second = torch.autograd.grad(loss, [weight])[0]
+    torch.testing.assert_close(first, second, atol=0, rtol=0)
+
+
+def test_step_weight_is_plain_without_autograd():
+    weight = torch.randn(3, 2, requires_grad=True)
+    with torch.no_grad():
+        step = StepWeight(weight, defer=True)
+        assert step.weight is weight
+        base = torch.zeros(4, 2)
+        assert torch.equal(step.addmm(base, torch.ones(4, 3)), torch.ones(4, 3) @ weight)
+
+
+def _plain_decoder_outputs(dec: ShowAttendTellDecoder, grid, captions, lengths, hard: bool):
+    """Show-Attend-Tell written step by step over the whole padded batch (nothing sorted, packed or fused)."""
+    B, T = captions.shape
+    scorer = dec.attention.scorer
+    emb = dec.embedding(captions[:, :-1])  # (B, T-1, E)
+    mean = grid.mean(1)
+    h, c = dec.init_h(mean), dec.init_c(mean)
+    keys = scorer.key_proj(grid)  # (B, L, A)
+    logits, alphas, log_probs, entropies = [], [], [], []
+    for t in range(T - 1):
+        e = scorer.v(torch.tanh(keys + scorer.query_proj(h)[:, None])).squeeze(-1)  # (B, L)
+        alpha = torch.softmax(e, -1)
+        if hard:  # "argmax" mode: read the most probable cell
+            index = alpha.argmax(-1)
+            z = grid[torch.arange(B), index]
+            log_probs.append(torch.log_softmax(e, -1).gather(1, index[:, None]).squeeze(1))
+            entropies.append(-(alpha * torch.log_softmax(e, -1)).sum(-1))
+        else:
+            z = (alpha[:, :, None] * grid).sum(1)
+        z = torch.sigmoid(dec.gate(h)) * z
+        h, c = dec.lstm(torch.cat([emb[:, t], z], 1), (h, c))
+        logits.append(dec.out(dec.out_h(h) + dec.out_z(z) + emb[:, t]))
+        alphas.append(alpha)
+    mask = torch.arange(T - 1)[None] < (lengths - 1)[:, None]
+    stack = lambda xs: torch.stack(xs, 1) * mask.reshape(B, T - 1, *([1] * (xs[0].dim() - 1))).to(xs[0].dtype)  # noqa: E731
+    return (torch.stack(logits, 1), stack(alphas), mask,
+            stack(log_probs) if hard else None, stack(entropies) if hard else None)
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard-argmax"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_training_gradients_equal_the_plain_implementation(hard, dtype):
+    torch.manual_seed(0)
+    V, D, L = 23, 10, 6
+    dec = ShowAttendTellDecoder(V, D, embed_dim=8, hidden_dim=9, attention_dim=7,
+                                attention="hard" if hard else "soft", dropout=0.0).to(dtype).eval()
+    g = torch.Generator().manual_seed(2)
+    grid = torch.randn(5, L, D, generator=g, dtype=dtype)
+    lengths = torch.tensor([7, 3, 7, 5, 2])  # unsorted, with ties and a one-word caption
+    captions = torch.randint(4, V, (5, 7), generator=g)
+    captions[:, 0] = 1
+    captions[torch.arange(5), lengths - 1] = 2
+    captions[torch.arange(7)[None] >= lengths[:, None]] = 0
+    targets = captions[:, 1:]
+    params = [p for p in dec.parameters()]
+
+    logits, alphas, mask, log_probs, entropies = _plain_decoder_outputs(dec, grid, captions, lengths, hard)
+    n = mask.sum()
+    nll = F.cross_entropy(logits[mask], targets[mask], reduction="sum")
+    penalty = ((1 - alphas.sum(1)) ** 2).sum()  # Eq. (14), summed over captions
+    if hard:  # Eq. (10)-(12) with λ_r = 0.5, λ_e = 0.1, b = -4
+        reward = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(mask.shape)
+        reward = (reward * mask).sum(1).detach()
+        ref = (nll - 0.5 * ((reward + 4.0) * log_probs.sum(1)).sum() - 0.1 * entropies.sum() + 0.3 * penalty) / n
+        fast = hard_attention_loss(dec(grid, captions, lengths, attention_mode="argmax"), targets, baseline=-4.0,
+                                   alpha_c=0.3, reinforce_weight=0.5, entropy_weight=0.1).loss
+    else:
+        ref = (nll + 0.3 * penalty) / n
+        fast = soft_attention_loss(dec(grid, captions, lengths), targets, alpha_c=0.3).loss
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
+    ref_grads = torch.autograd.grad(ref, params, allow_unused=True)
+    fast_grads = torch.autograd.grad(fast, params, allow_unused=True)
+    for (name, _), a, b in zip(dec.named_parameters(), fast_grads, ref_grads):
+        a = torch.zeros_like(_) if a is None else a
+        b = torch.zeros_like(_) if b is None else b
+        scale = max(float(b.abs().max()), 1e-3)
+        assert float((a - b).abs().max()) <= tol * scale, f"gradient of {name} differs"
