@@ -324,17 +324,19 @@ def beam_search(
 
     for t in range(max_length):
         N = B * K
-        banned = _banned(t, end_id, min_length, forbid_ids)
-        log_probs, alpha, state = _step(step_fn, tokens, state, N, banned)
-        own = bool(banned)  # _step returned a copy: it may be updated in place (saves (N, V) passes)
+        log_probs, alpha, state = _step(step_fn, tokens, state, N, [])  # banned ids are masked in cand below
         V = log_probs.size(1)
         if frozen_row is None:
             frozen_row = torch.full((V,), -math.inf, device=log_probs.device)
             frozen_row[end_id] = 0.0
             scores, finished, hist_words = scores.to(log_probs.device), finished.to(log_probs.device), hist_words.to(log_probs.device)
-        if bool(finished.any()):
-            log_probs, own = torch.where(finished[:, None], frozen_row, log_probs), True  # (N, V)
-        cand = (log_probs.add_(scores[:, None]) if own else scores[:, None] + log_probs).view(B, K * V)  # (B, K*V)
+        cand = scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
+        banned = _banned(t, end_id, min_length, forbid_ids)
+        if banned:
+            cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
+        if bool(finished.any()):  # a finished beam's only continuation is <end> at +0
+            cand = torch.where(finished[:, None], frozen_row + scores[:, None], cand)
+        cand = cand.view(B, K * V)  # (B, K*V)
         top_scores, top_idx = cand.topk(K, dim=1)  # (B, K)
         parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
         word = (top_idx % V).view(N)  # (N,)

@@ -216,6 +216,7 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     import statistics
 
     from captioner.losses import hard_attention_loss, soft_attention_loss
+    from captioner.optim import build_optimizer
 
     torch.set_num_threads(threads)
     s = _sizes(config, quick)
@@ -225,7 +226,7 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     models = {}
     for kind in attentions:
         decoder = _build_decoder(s, kind, device).train()
-        models[kind] = (decoder, torch.optim.Adam(decoder.parameters(), lr=1e-4))
+        models[kind] = (decoder, build_optimizer("adam", decoder.parameters(), lr=1e-4))
     times: dict[str, list[float]] = {kind: [] for kind in attentions}
     for i in range(s["warmup_steps"] + s["train_steps"]):
         for kind, (decoder, optimizer) in models.items():
@@ -371,6 +372,7 @@ def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: 
     import numpy as np
 
     from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
+    from captioner.optim import build_optimizer
     from captioner.rewards import CiderD
 
     torch.set_num_threads(threads)
@@ -382,7 +384,7 @@ def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: 
     reward = CiderD(corpus, vocab_size=s["vocab"])
     build_s = time.perf_counter() - start
     decoder = _build_decoder(s, "soft", device).train()
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
+    optimizer = build_optimizer("adam", decoder.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
     B, k = s["images"], s["samples"]
     grid = torch.randn(B, s["grid"] ** 2, s["feature_dim"], generator=g).to(device)  # (B, L, D)

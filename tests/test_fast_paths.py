@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from captioner.losses import hard_attention_loss, soft_attention_loss, token_nll
 from captioner.models.decoder import ShowAttendTellDecoder
-from captioner.models.deferred import StepWeight
+from captioner.models.deferred import step_weights
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -39,13 +39,17 @@ def test_token_nll_equals_cross_entropy(dtype):
 
 def _toy_recurrence(weight: torch.Tensor, recur: torch.Tensor, xs: list[torch.Tensor], defer: bool,
                     skip_last: bool = False) -> torch.Tensor:
-    """h_t = tanh(x_t @ W + h_{t-1} @ U) on a batch that shrinks like the decoder's; returns a loss."""
-    w, u = StepWeight(weight, defer), StepWeight(recur, defer)
-    h = torch.zeros(xs[0].shape[0], recur.shape[0], dtype=weight.dtype)
+    """h_t = tanh(b + x_t @ W_x^T + h_{t-1} @ W_h^T + h_{t-1} @ U^T) with weight = [W_x | W_h] split in two
+    column blocks (as the LSTM's weight_ih), on a batch that shrinks like the decoder's; returns a loss."""
+    H = recur.shape[0]
+    w_x, w_h = step_weights(weight, (weight.shape[1] - H, H), defer)
+    (u,) = step_weights(recur, None, defer)
+    bias = torch.linspace(-1, 1, H, dtype=weight.dtype)
+    h = torch.zeros(xs[0].shape[0], H, dtype=weight.dtype)
     loss = 0.0
     for t, x in enumerate(xs):
         n = x.shape[0]
-        h = torch.tanh(u.addmm(w.addmm(torch.zeros(n, recur.shape[1], dtype=weight.dtype), x), h[:n], inplace=True))
+        h = torch.tanh(u.addmm(w_h.addmm(w_x.addmm(bias, x), h[:n]), h[:n], inplace=True))
         if not (skip_last and t == len(xs) - 1):
             loss = loss + (h ** 2).sum() * (t + 1)
     return loss
@@ -55,7 +59,7 @@ def _toy_recurrence(weight: torch.Tensor, recur: torch.Tensor, xs: list[torch.Te
 def test_step_weight_gradients_equal_per_step_autograd(skip_last):
     """Including a last step whose output never reaches the loss (its backward never runs)."""
     g = torch.Generator().manual_seed(1)
-    weight = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 6 + 5, generator=g, dtype=torch.float64, requires_grad=True)
     recur = torch.randn(5, 5, generator=g, dtype=torch.float64, requires_grad=True)
     xs = [torch.randn(n, 6, generator=g, dtype=torch.float64, requires_grad=True) for n in (4, 4, 3, 1)]
     grads = {}
@@ -73,13 +77,14 @@ def test_step_weight_gradients_equal_per_step_autograd(skip_last):
     torch.testing.assert_close(first, second, atol=0, rtol=0)
 
 
-def test_step_weight_is_plain_without_autograd():
-    weight = torch.randn(3, 2, requires_grad=True)
+def test_step_weights_are_plain_without_autograd_and_check_splits():
+    weight = torch.randn(2, 3, requires_grad=True)
     with torch.no_grad():
-        step = StepWeight(weight, defer=True)
-        assert step.weight is weight
-        base = torch.zeros(4, 2)
-        assert torch.equal(step.addmm(base, torch.ones(4, 3)), torch.ones(4, 3) @ weight)
+        (step,) = step_weights(weight, defer=True)
+        assert step.block.data_ptr() == weight.data_ptr() and step._record is None  # a plain view
+        assert torch.equal(step.addmm(torch.zeros(4, 2), torch.ones(4, 3)), torch.ones(4, 3) @ weight.t())
+    with pytest.raises(ValueError, match="do not add up"):
+        step_weights(weight, (1, 1))
 
 
 def _plain_decoder_outputs(dec: ShowAttendTellDecoder, grid, captions, lengths, hard: bool):
@@ -119,7 +124,7 @@ def test_training_gradients_equal_the_plain_implementation(hard, dtype):
     dec = ShowAttendTellDecoder(V, D, embed_dim=8, hidden_dim=9, attention_dim=7,
                                 attention="hard" if hard else "soft", dropout=0.0).to(dtype).eval()
     g = torch.Generator().manual_seed(2)
-    grid = torch.randn(5, L, D, generator=g, dtype=dtype)
+    grid = torch.randn(5, L, D, generator=g, dtype=dtype, requires_grad=True)
     lengths = torch.tensor([7, 3, 7, 5, 2])  # unsorted, with ties and a one-word caption
     captions = torch.randint(4, V, (5, 7), generator=g)
     captions[:, 0] = 1
@@ -143,10 +148,33 @@ def test_training_gradients_equal_the_plain_implementation(hard, dtype):
         fast = soft_attention_loss(dec(grid, captions, lengths), targets, alpha_c=0.3).loss
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
-    ref_grads = torch.autograd.grad(ref, params, allow_unused=True)
-    fast_grads = torch.autograd.grad(fast, params, allow_unused=True)
-    for (name, _), a, b in zip(dec.named_parameters(), fast_grads, ref_grads):
+    ref_grads = torch.autograd.grad(ref, params + [grid], allow_unused=True)
+    fast_grads = torch.autograd.grad(fast, params + [grid], allow_unused=True)
+    names = [name for name, _ in dec.named_parameters()] + ["grid"]  # the grid learns too (position embedding)
+    for name, _, a, b in zip(names, params + [grid], fast_grads, ref_grads):
         a = torch.zeros_like(_) if a is None else a
         b = torch.zeros_like(_) if b is None else b
         scale = max(float(b.abs().max()), 1e-3)
         assert float((a - b).abs().max()) <= tol * scale, f"gradient of {name} differs"
+
+
+def test_built_adam_matches_the_default_update():
+    """build_optimizer's Adam (fused where PyTorch has it) takes the same steps as the default Adam."""
+    from captioner.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(3)
+    start = [torch.randn(40, 30, generator=g), torch.randn(30, generator=g)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(5)]
+    result = []
+    for build in (lambda ps: build_optimizer("adam", ps, lr=1e-2, weight_decay=1e-3),
+                  lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, foreach=False)):
+        params = [p.clone().requires_grad_() for p in start]
+        optimizer = build(params)
+        for step in grads:
+            for p, grad in zip(params, step):
+                p.grad = grad.clone()
+            optimizer.step()
+        result.append(params)
+    for fast, plain in zip(*result):
+        torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(result[0][0], start[0])  # the steps did move the parameters

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner.models.attention import MODES, build_attention
-from captioner.models.deferred import StepWeight
+from captioner.models.deferred import SharedRows, StepWeight, step_weights
 
 GATES = ("scalar", "vector", "none")
 
@@ -161,20 +161,21 @@ class ShowAttendTellDecoder(nn.Module):
     # runs the plain per-step autograd path, which tests/test_fast_paths.py compares against.
     defer_weight_grads = True
 
-    def _word_gates(self, emb: Tensor) -> Tensor:
-        """The word-embedding share of the LSTM gates (both biases included): emb (..., E) -> (..., 4H)."""
+    def _step_weights(self) -> tuple[StepWeight, StepWeight, StepWeight]:
+        """nn.LSTMCell's weights split for the loop, for one sequence: the word-embedding and context column
+        blocks of weight_ih (its input is [E y; beta z]) and weight_hh."""
         E = self.embedding.embedding_dim
-        weight_ih = self.lstm.weight_ih  # (4H, E + Z): the input is [E y; beta z]
-        return F.linear(emb, weight_ih[:, :E], self.lstm.bias_ih + self.lstm.bias_hh)
+        word, context = step_weights(self.lstm.weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
+        (hidden,) = step_weights(self.lstm.weight_hh, None, self.defer_weight_grads)
+        return word, context, hidden
 
-    def _step_weights(self) -> tuple[StepWeight, StepWeight]:
-        """The per-step LSTM weights for one sequence: context (Z, 4H) and recurrent (H, 4H), as views."""
-        E = self.embedding.embedding_dim
-        return (StepWeight(self.lstm.weight_ih[:, E:].t(), self.defer_weight_grads),
-                StepWeight(self.lstm.weight_hh.t(), self.defer_weight_grads))
+    def _word_gates(self, emb: Tensor, word: StepWeight) -> Tensor:
+        """The word-embedding share of the LSTM gates, both biases included: emb (..., E) -> (..., 4H)."""
+        gates = word.addmm(self.lstm.bias_ih + self.lstm.bias_hh, emb.reshape(-1, emb.shape[-1]))
+        return gates.view(*emb.shape[:-1], -1)
 
     def _recur(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
-               step_weights: tuple[StepWeight, StepWeight], expectation_mask: Tensor | None = None):
+               step_weights: tuple[StepWeight, StepWeight, StepWeight], expectation_mask: Tensor | None = None):
         """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read).
 
         word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates).
@@ -183,7 +184,7 @@ class ShowAttendTellDecoder(nn.Module):
         z = read.context  # (N, Z)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
-        w_context, w_hidden = step_weights
+        _, w_context, w_hidden = step_weights
         # The second addmm may accumulate in place into the first one's fresh output (autograd allows
         # it: addmm's backward does not need its output); word_gates itself may be a view.
         gates = w_hidden.addmm(w_context.addmm(word_gates, z), h, inplace=True)  # (N, 4H), order i, f, g, o
@@ -226,8 +227,8 @@ class ShowAttendTellDecoder(nn.Module):
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
         grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
-        word_gates = self._word_gates(emb_s)  # (B, T-1, 4H) for all steps at once
         step_weights = self._step_weights()
+        word_gates = self._word_gates(emb_s, step_weights[0])  # (B, T-1, 4H) for all steps at once
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
         h, c, *memory = self.init_state(grid_s)
 
@@ -236,12 +237,13 @@ class ShowAttendTellDecoder(nn.Module):
         # Per-step results are kept packed (time-major, active rows only) and scattered into
         # (B, T-1, *) once after the loop: no per-step padding kernels.
         hs, zs, alphas, log_probs, entropies = [], [], [], [], []
+        shared = [SharedRows(m) for m in memory]  # read through row prefixes as captions end
         for t, n in enumerate(active):
             if n == 0:
                 break
-            if n < h.shape[0]:  # shrink to the n captions still running (slices cost a backward copy)
+            if n < h.shape[0]:  # shrink to the n captions still running
                 h, c = h[:n], c[:n]
-                memory = [m[:n] for m in memory]
+                memory = [m.prefix(n) for m in shared]
                 if mask_s is not None:
                     mask_s = mask_s[:n]
             gates_t = gate_steps[t] if n == B else gate_steps[t][:n]  # (n, 4H)
@@ -298,7 +300,7 @@ class ShowAttendTellDecoder(nn.Module):
         step_weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(tokens)  # (N, E)
-            h, c, z, read = self._recur(self._word_gates(emb), h, c, memory, mode, step_weights)
+            h, c, z, read = self._recur(self._word_gates(emb, step_weights[0]), h, c, memory, mode, step_weights)
             logits = self._deep_output(emb, h, z)  # (N, V)
             logits = logits.index_fill(1, torch.tensor(forbid, device=logits.device), -math.inf)
             log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
@@ -340,6 +342,7 @@ class ShowAttendTellDecoder(nn.Module):
         mode = self._mode(attention_mode)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
-        h, c, z, read = self._recur(self._word_gates(emb), h, c, memory, mode, self._step_weights())
+        step_weights = self._step_weights()
+        h, c, z, read = self._recur(self._word_gates(emb, step_weights[0]), h, c, memory, mode, step_weights)
         log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
         return log_probs, read.alpha, read.index, (h, c, *memory)

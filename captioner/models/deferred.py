@@ -1,93 +1,174 @@
 """Weight gradients of a recurrence formed once per sequence instead of once per step.
 
-The decoder's LSTM multiplies the same weight W by a small input x_t at every step t:
-y_t = base_t + x_t @ W. Plain autograd forms dW_t = x_t^T dy_t at each step of the backward pass (a thin
-(in, n) @ (n, out) product with n the batch, about 32 rows) and adds it into a (in, out) accumulator:
-T thin matmuls and T full-size additions. dW = sum_t x_t^T dy_t = X^T G is one matmul over all steps'
-rows stacked, which is what this module computes, after every step's backward has run.
+The decoder's LSTM multiplies the same weight W (out, in) by a small input x_t at every step t:
+y_t = base_t + x_t @ W^T. Plain autograd forms dW_t = dy_t^T x_t at each step of the backward pass (a thin
+(out, n) @ (n, in) product, n the batch, about 32 rows) and adds it into an (out, in) accumulator: T thin
+matmuls and T full-size additions. dW = sum_t dy_t^T x_t = G^T X is one matmul over all steps' rows
+stacked, which is what this module computes, after every step's backward has run.
 
-    weight = StepWeight(W, defer=True)      # once per sequence
-    y_t = weight.addmm(base_t, x_t)          # every step: forward as torch.addmm(base_t, x_t, W)
+    word, context = step_weights(lstm.weight_ih, splits=(E, Z))    # once per sequence: column blocks
+    y_t = context.addmm(base_t, z_t)                                # every step: base_t + z_t @ W[:, E:]^T
 
-How: `W` enters the graph once, through `_Alias` (an identity). Each step's `_StepMatmul` returns the input
-gradients (dbase = dy, dx = dy @ W^T) but no weight gradient; it stores dy_t instead. The autograd engine
-runs `_Alias`'s backward only after every node that uses its output has run, i.e. after all the steps'
-backwards, and it then forms X^T G in one matmul. The inputs x_t are kept (detached) in the forward pass,
-as autograd would keep them for dW_t anyway. tests/test_fast_paths.py checks the gradients against the
-plain per-step computation (``defer=False``), which is what runs without autograd.
+How: W enters the graph once, through `_Alias`, which hands out its column blocks as views. Each step's
+`_StepMatmul` returns the input gradients (dbase = dy, dx = dy @ W_block) but no weight gradient; it stores
+dy_t instead. The autograd engine runs `_Alias`'s backward only after every node that uses its outputs has
+run, i.e. after all the steps' backwards; it then writes each block's G^T X straight into its columns of
+one fresh (out, in) gradient, in the parameter's own layout (no zero fill, no slice copies, no transposed
+copy when the gradient is accumulated). The inputs x_t are kept (detached) in the forward pass, as autograd
+would keep them for dW_t anyway. tests/test_fast_paths.py checks the gradients against the plain per-step
+computation (``defer=False``), which is also what runs without autograd.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 
 class _Record:
-    """The steps of one sequence: inputs x_t (forward order) and output gradients dy_t (by step)."""
+    """The steps of one sequence, per column block: inputs x_t (forward order), output gradients dy_t (by step)."""
 
-    def __init__(self) -> None:
-        self.inputs: list[Tensor] = []
-        self.grads: dict[int, Tensor] = {}
+    def __init__(self, blocks: int) -> None:
+        self.inputs: list[list[Tensor]] = [[] for _ in range(blocks)]
+        self.grads: list[dict[int, Tensor]] = [{} for _ in range(blocks)]
 
 
 class _Alias(torch.autograd.Function):
-    """Identity on the weight whose backward forms X^T G from the record once all steps are done."""
+    """Column blocks of the weight (views); the backward forms every block's G^T X once all steps are done."""
 
     @staticmethod
-    def forward(ctx, weight: Tensor, record: _Record) -> Tensor:
-        ctx.record, ctx.dtype = record, weight.dtype
+    def forward(ctx, weight: Tensor, record: _Record, bounds: tuple[int, ...]):
+        ctx.record, ctx.bounds = record, bounds
+        ctx.shape, ctx.dtype, ctx.device = weight.shape, weight.dtype, weight.device
         ctx.set_materialize_grads(False)
-        return weight.view_as(weight)
+        return tuple(weight[:, a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
     @staticmethod
-    def backward(ctx, grad: Tensor | None):
-        record = ctx.record
-        steps = sorted(record.grads)  # steps whose output reached the loss
-        record_grads, record.grads = record.grads, {}  # a second backward (retain_graph) starts afresh
-        if not steps:
-            return grad, None
-        x = torch.cat([record.inputs[t] for t in steps])  # (sum of rows, in)
-        g = torch.cat([record_grads[t] for t in steps])  # (sum of rows, out)
-        dweight = x.t().mm(g.to(x.dtype)).to(ctx.dtype)  # (in, out): one matmul instead of len(steps)
-        return (dweight if grad is None else dweight + grad), None
+    def backward(ctx, *block_grads: Tensor | None):
+        record, bounds = ctx.record, ctx.bounds
+        dweight = torch.empty(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            steps = sorted(record.grads[i])  # steps whose output reached the loss
+            out = dweight[:, a:b]  # (out, in_i): a strided view the matmul writes into directly
+            if steps:
+                x = torch.cat([record.inputs[i][t] for t in steps])  # (rows, in_i)
+                g = torch.cat([record.grads[i][t] for t in steps])  # (rows, out)
+                if x.dtype == g.dtype == out.dtype:
+                    torch.mm(g.t(), x, out=out)  # one matmul instead of len(steps)
+                else:  # autocast: inputs in bf16/fp16, the parameter in float32
+                    out.copy_(g.t().mm(x.to(g.dtype)))
+            else:
+                out.zero_()
+            if block_grads[i] is not None:  # the block was also used outside the recorded steps
+                out.add_(block_grads[i])
+            record.grads[i] = {}  # a second backward (retain_graph) starts afresh
+        return dweight, None, None
 
 
 class _StepMatmul(torch.autograd.Function):
-    """base + x @ weight; backward gives dbase and dx, and leaves dweight to _Alias."""
+    """base + x @ block^T; backward gives dbase and dx, and leaves dblock to _Alias."""
 
     @staticmethod
-    def forward(ctx, base: Tensor, x: Tensor, weight: Tensor, record: _Record, step: int) -> Tensor:
-        ctx.save_for_backward(weight)
-        ctx.record, ctx.step = record, step
-        return torch.addmm(base, x, weight)
+    def forward(ctx, base: Tensor, x: Tensor, block: Tensor, record: _Record, index: int, step: int) -> Tensor:
+        ctx.save_for_backward(block)
+        ctx.record, ctx.index, ctx.step = record, index, step
+        return torch.addmm(base, x, block.t())
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (weight,) = ctx.saved_tensors
-        ctx.record.grads[ctx.step] = grad
-        dx = grad.mm(weight.t().to(grad.dtype)) if ctx.needs_input_grad[1] else None  # (autocast: grad may be bf16)
-        return (grad if ctx.needs_input_grad[0] else None), dx, None, None, None
+        (block,) = ctx.saved_tensors
+        ctx.record.grads[ctx.index][ctx.step] = grad
+        dx = grad.mm(block.to(grad.dtype)) if ctx.needs_input_grad[1] else None  # (autocast: grad may be bf16)
+        return (grad if ctx.needs_input_grad[0] else None), dx, None, None, None, None
 
 
 class StepWeight:
-    """A weight W (in, out) applied at every step of one sequence: addmm(base, x) = base + x @ W.
+    """One column block W_b (out, in_b) of a weight, applied at the steps of one sequence:
+    addmm(base, x) = base + x @ W_b^T (base may broadcast, e.g. a bias)."""
 
-    With ``defer`` (and autograd recording, and W requiring a gradient) W's gradient is formed once after
-    the backward pass (module docstring); otherwise each call is a plain torch.addmm.
-    """
-
-    def __init__(self, weight: Tensor, defer: bool = True) -> None:
-        self._record = None
-        self.weight = weight
-        if defer and torch.is_grad_enabled() and weight.requires_grad:
-            self._record = _Record()
-            self.weight = _Alias.apply(weight, self._record)
+    def __init__(self, block: Tensor, record: _Record | None = None, index: int = 0) -> None:
+        self.block, self._record, self._index = block, record, index
 
     def addmm(self, base: Tensor, x: Tensor, inplace: bool = False) -> Tensor:
-        """base + x @ W; ``inplace`` lets the plain path accumulate into ``base`` (a fresh tensor that autograd
-        does not need, e.g. the previous addmm's output)."""
+        """``inplace`` lets the plain path accumulate into ``base`` (a fresh tensor of the output's shape that
+        autograd does not need, e.g. the previous addmm's output)."""
         if self._record is None:
-            return base.addmm_(x, self.weight) if inplace else torch.addmm(base, x, self.weight)
-        step = len(self._record.inputs)
-        self._record.inputs.append(x.detach())
-        return _StepMatmul.apply(base, x, self.weight, self._record, step)
+            return base.addmm_(x, self.block.t()) if inplace else torch.addmm(base, x, self.block.t())
+        inputs = self._record.inputs[self._index]
+        inputs.append(x.detach())
+        return _StepMatmul.apply(base, x, self.block, self._record, self._index, len(inputs) - 1)
+
+
+def step_weights(weight: Tensor, splits: Sequence[int] | None = None, defer: bool = True) -> tuple[StepWeight, ...]:
+    """The column blocks of ``weight`` (out, in) of widths ``splits`` (default: one block), as StepWeights.
+
+    With ``defer`` (and autograd recording, and the weight requiring a gradient) the weight's gradient is
+    formed once after the backward pass (module docstring); otherwise every addmm is a plain torch.addmm.
+    """
+    widths = tuple(splits) if splits is not None else (weight.shape[1],)
+    if sum(widths) != weight.shape[1]:
+        raise ValueError(f"splits {widths} do not add up to the weight's {weight.shape[1]} input columns")
+    bounds = (0, *torch.tensor(widths).cumsum(0).tolist())
+    if not (defer and torch.is_grad_enabled() and weight.requires_grad):
+        return tuple(StepWeight(weight[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
+    record = _Record(len(widths))
+    blocks = _Alias.apply(weight, record, bounds)
+    return tuple(StepWeight(block, record, i) for i, block in enumerate(blocks))
+
+
+class _Accumulator:
+    """The gradient of a tensor whose row prefixes the steps read, summed in place as the steps' backwards run."""
+
+    def __init__(self) -> None:
+        self.total: Tensor | None = None
+
+
+class _RowsAlias(torch.autograd.Function):
+    """Identity whose backward returns what the prefixes accumulated (plus any direct gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, acc: _Accumulator) -> Tensor:
+        ctx.acc = acc
+        ctx.set_materialize_grads(False)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None):
+        total, ctx.acc.total = ctx.acc.total, None
+        if total is None:
+            return grad, None
+        return (total if grad is None else total.add_(grad)), None
+
+
+class _Prefix(torch.autograd.Function):
+    """x[:n]; the backward adds its gradient into the accumulator's first n rows (no full-size zero tensor per
+    step, as the plain slice's backward makes)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, n: int, acc: _Accumulator) -> Tensor:
+        ctx.n, ctx.acc, ctx.shape = n, acc, x.shape
+        return x[:n]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        acc = ctx.acc
+        if acc.total is None:
+            acc.total = grad.new_zeros(ctx.shape)
+        acc.total[:ctx.n].add_(grad)
+        return None, None, None
+
+
+class SharedRows:
+    """A tensor that every step of a recurrence reads through a shrinking prefix of its rows, x[:n_t] (the
+    decoder's attention memory as captions end). With autograd, the prefixes' gradients are summed in place
+    into one buffer instead of each step's slice backward building a zero tensor of the full size."""
+
+    def __init__(self, x: Tensor) -> None:
+        self._acc = _Accumulator() if torch.is_grad_enabled() and x.requires_grad else None
+        self.x = _RowsAlias.apply(x, self._acc) if self._acc is not None else x
+
+    def prefix(self, n: int) -> Tensor:
+        if n == self.x.shape[0] or self._acc is None:
+            return self.x if n == self.x.shape[0] else self.x[:n]
+        return _Prefix.apply(self.x, n, self._acc)
