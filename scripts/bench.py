@@ -34,6 +34,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable from a checkout without install
+from captioner.runtime import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as the `captioner` command does (captioner/runtime.py)
 
 
 def _write_jpegs(folder: Path, n: int, size: int = 224, seed: int = 0) -> list:

@@ -178,3 +178,15 @@ def test_built_adam_matches_the_default_update():
     for fast, plain in zip(*result):
         torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-6)
     assert not torch.allclose(result[0][0], start[0])  # the steps did move the parameters
+
+
+def test_keep_freed_memory_applies_on_glibc_linux():
+    import platform
+    import sys
+
+    from captioner.runtime import keep_freed_memory
+
+    applied = keep_freed_memory()
+    assert keep_freed_memory() is applied  # idempotent
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert applied

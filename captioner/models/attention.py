@@ -127,11 +127,21 @@ class SoftAttention(nn.Module):
     def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
         return (grid, self.scorer.prepare(grid))  # values (B, L, D), prepared keys (B, L, *)
 
+    @property
+    def query_weight(self) -> Tensor | None:
+        """The scorer's bias-free query projection (A, Q), or None (scorers.py)."""
+        return self.scorer.query_weight
+
     def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
                 expectation_mask: Tensor | None = None,
-                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
+                generator: torch.Generator | None = None, entropy: bool = True,
+                projected_query: Tensor | None = None) -> AttentionOutput:
+        """``projected_query``: query @ query_weight^T, already computed by the caller (then ``query`` is unused)."""
         values, prepared = memory
-        scores = self.scorer(query, prepared)  # (B, L)
+        if projected_query is not None:
+            scores = self.scorer.score(projected_query, prepared)  # (B, L)
+        else:
+            scores = self.scorer(query, prepared)  # (B, L)
         return read_context(scores, values, mode, expectation_mask, generator, entropy)
 
 
@@ -190,6 +200,7 @@ class MultiHeadAttention(nn.Module):
 
     stochastic = False
     grouped_queries = False  # its memory must have one row per query
+    query_weight = None  # its query projection has a bias and feeds the heads: not stacked by the decoder
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
                  heads: int = 8) -> None:

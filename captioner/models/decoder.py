@@ -70,6 +70,18 @@ class DecoderOutput:
 
 
 @dataclass
+class _LoopWeights:
+    """The per-step weights of one sequence: LSTM word and context blocks of weight_ih, and the stack of
+    every weight reading h_{t-1} (ShowAttendTellDecoder._hidden_weight) with its bias and query size."""
+
+    word: StepWeight
+    context: StepWeight
+    hidden: StepWeight
+    hidden_bias: Tensor | None
+    query_size: int
+
+
+@dataclass
 class SampleOutput:
     """Captions drawn from the decoder with their log-probabilities (for sequence-level REINFORCE).
 
@@ -161,13 +173,37 @@ class ShowAttendTellDecoder(nn.Module):
     # runs the plain per-step autograd path, which tests/test_fast_paths.py compares against.
     defer_weight_grads = True
 
-    def _step_weights(self) -> tuple[StepWeight, StepWeight, StepWeight]:
-        """nn.LSTMCell's weights split for the loop, for one sequence: the word-embedding and context column
-        blocks of weight_ih (its input is [E y; beta z]) and weight_hh."""
+    def _hidden_weight(self) -> tuple[Tensor, Tensor | None, int]:
+        """Every weight that reads h_{t-1}, stacked: weight_hh (4H, H), the attention's query projection
+        (A, H) when it exposes one, the gate (1 or Z, H); so one matmul per step gives the LSTM's recurrent
+        share, the projected query and the gate's logit. Returns (weight, bias of the stack or None, A).
+
+        Without autograd the stack is cached until a parameter changes (step() runs once per word)."""
+        query = self.attention.query_weight
+        parts = [self.lstm.weight_hh] + ([query] if query is not None else []) + \
+                ([self.gate.weight] if self.gate is not None else [])
+        A = 0 if query is None else query.shape[0]
+        if len(parts) == 1:
+            return parts[0], None, A
+        if torch.is_grad_enabled():
+            weight = torch.cat(parts)
+        else:
+            key = tuple((p.data_ptr(), p._version) for p in parts)  # _version counts in-place updates
+            if getattr(self, "_stack_cache", (None,))[0] != key:
+                self._stack_cache = (key, torch.cat(parts))
+            weight = self._stack_cache[1]
+        bias = None
+        if self.gate is not None:  # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
+            bias = torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features), self.gate.bias])
+        return weight, bias, A
+
+    def _step_weights(self) -> "_LoopWeights":
+        """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py)."""
         E = self.embedding.embedding_dim
         word, context = step_weights(self.lstm.weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
-        (hidden,) = step_weights(self.lstm.weight_hh, None, self.defer_weight_grads)
-        return word, context, hidden
+        weight, bias, A = self._hidden_weight()
+        (hidden,) = step_weights(weight, None, self.defer_weight_grads)
+        return _LoopWeights(word, context, hidden, bias, A)
 
     def _word_gates(self, emb: Tensor, word: StepWeight) -> Tensor:
         """The word-embedding share of the LSTM gates, both biases included: emb (..., E) -> (..., 4H)."""
@@ -175,20 +211,21 @@ class ShowAttendTellDecoder(nn.Module):
         return gates.view(*emb.shape[:-1], -1)
 
     def _recur(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
-               step_weights: tuple[StepWeight, StepWeight, StepWeight], expectation_mask: Tensor | None = None):
+               weights: "_LoopWeights", expectation_mask: Tensor | None = None):
         """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read).
 
         word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates).
         """
-        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic)
+        H = h.shape[1]
+        base = weights.hidden_bias if weights.hidden_bias is not None else h.new_zeros(())
+        from_h = weights.hidden.addmm(base, h)  # (N, 4H + A + gate): h_{t-1} times every weight that reads it
+        query = from_h[:, 4 * H:4 * H + weights.query_size] if weights.query_size else None  # (N, A) or None
+        extra = {} if query is None else {"projected_query": query}
+        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic, **extra)
         z = read.context  # (N, Z)
         if self.gate is not None:
-            z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
-        _, w_context, w_hidden = step_weights
-        # The second addmm may accumulate in place into the first one's fresh output (autograd allows
-        # it: addmm's backward does not need its output); word_gates itself may be a view.
-        gates = w_hidden.addmm(w_context.addmm(word_gates, z), h, inplace=True)  # (N, 4H), order i, f, g, o
-        H = h.shape[1]
+            z = torch.sigmoid(from_h[:, 4 * H + weights.query_size:]) * z  # beta_t z_t, §4.2.1
+        gates = weights.context.addmm(word_gates + from_h[:, :4 * H], z)  # (N, 4H), order i, f, g, o
         sig = torch.sigmoid(gates)  # (N, 4H): one kernel for i, f, o (the g quarter is unused)
         c = torch.addcmul(sig[:, H:2 * H] * c, sig[:, :H], torch.tanh(gates[:, 2 * H:3 * H]))  # (N, H)
         h = sig[:, 3 * H:] * torch.tanh(c)  # (N, H)
@@ -228,7 +265,7 @@ class ShowAttendTellDecoder(nn.Module):
         grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
         step_weights = self._step_weights()
-        word_gates = self._word_gates(emb_s, step_weights[0])  # (B, T-1, 4H) for all steps at once
+        word_gates = self._word_gates(emb_s, step_weights.word)  # (B, T-1, 4H) for all steps at once
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
         h, c, *memory = self.init_state(grid_s)
 
@@ -300,7 +337,7 @@ class ShowAttendTellDecoder(nn.Module):
         step_weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(tokens)  # (N, E)
-            h, c, z, read = self._recur(self._word_gates(emb, step_weights[0]), h, c, memory, mode, step_weights)
+            h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights)
             logits = self._deep_output(emb, h, z)  # (N, V)
             logits = logits.index_fill(1, torch.tensor(forbid, device=logits.device), -math.inf)
             log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
@@ -343,6 +380,6 @@ class ShowAttendTellDecoder(nn.Module):
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
         step_weights = self._step_weights()
-        h, c, z, read = self._recur(self._word_gates(emb, step_weights[0]), h, c, memory, mode, step_weights)
+        h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights)
         log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
         return log_probs, read.alpha, read.index, (h, c, *memory)

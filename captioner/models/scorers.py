@@ -5,6 +5,9 @@ image instead of once per word:
     prepared = scorer.prepare(keys)        keys (B, L, D) -> tensor (B, L, *), run once
     scores   = scorer(query, prepared)     query (B, Q)   -> scores (B, L), run every step
 `prepared` is always one tensor whose dim 0 is B, so beam search can reorder it.
+A scorer whose query goes through a bias-free linear map first exposes that map's weight as
+`query_weight` and the rest as `score(projected, prepared)`: the decoder then applies the weight to
+h_{t-1} in the same matmul as its LSTM and gate weights (one matmul per step instead of three).
 The query may also hold G >= 1 consecutive rows per prepared row, query (B*G, Q): row n is
 scored against prepared row n // G (beam search's K beams of one image share its keys, which
 are then neither copied K times nor read K times per step).
@@ -46,9 +49,18 @@ class AdditiveScorer(nn.Module):
     # v stay in cache instead of streaming a fresh buffer of up to 64 MB (beam 5 at 14x14) per word.
     chunk_bytes = 2 ** 21
 
+    @property
+    def query_weight(self) -> Tensor:
+        """U (A, Q): the decoder may apply it to h_{t-1} in one matmul with its own weights (score())."""
+        return self.query_proj.weight
+
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
+        return self.score(self.query_proj(query), prepared)
+
+    def score(self, q: Tensor, prepared: Tensor) -> Tensor:
+        """Scores from the projected query q = U h (B*G, A)."""
         B, L, A = prepared.shape
-        q = self.query_proj(query).view(B, -1, 1, A)  # (B, G, 1, A)
+        q = q.reshape(B, -1, 1, A)  # (B, G, 1, A)
         if torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad):
             # tanh in place on the fresh sum: one (B, G, L, A) buffer instead of two (autograd
             # allows it: the sum's backward does not need its output).
@@ -80,9 +92,18 @@ class DotScorer(nn.Module):
     def prepare(self, keys: Tensor) -> Tensor:
         return keys  # (B, L, D): nothing to precompute
 
+    @property
+    def query_weight(self) -> Tensor | None:
+        """P (D, Q) when there is one (see AdditiveScorer.query_weight)."""
+        return None if isinstance(self.query_proj, nn.Identity) else self.query_proj.weight
+
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
+        return self.score(self.query_proj(query), prepared)
+
+    def score(self, q: Tensor, prepared: Tensor) -> Tensor:
+        """Scores from the projected query q = P h (B*G, D)."""
         B, L, D = prepared.shape
-        q = (self.query_proj(query) * self.scale).view(B, -1, D)  # (B, G, D)
+        q = (q * self.scale).reshape(B, -1, D)  # (B, G, D)
         scores = torch.bmm(prepared, q.transpose(1, 2))  # (B, L, D) @ (B, D, G) -> (B, L, G)
         return scores.transpose(1, 2).reshape(-1, L)  # (B*G, L)
 
@@ -108,8 +129,13 @@ class BilinearScorer(nn.Module):
         # Unit-variance scores at initialisation for unit-variance keys and queries.
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(key_dim * query_dim))
 
+    query_weight = None  # the query enters unprojected
+
     def prepare(self, keys: Tensor) -> Tensor:
         return keys @ self.weight  # (B, L, D) @ (D, Q) -> (B, L, Q)
+
+    def score(self, q: Tensor, prepared: Tensor) -> Tensor:
+        return self.forward(q, prepared)
 
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
         B, L, Q = prepared.shape
