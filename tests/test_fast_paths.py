@@ -190,3 +190,52 @@ def test_keep_freed_memory_applies_on_glibc_linux():
     assert keep_freed_memory() is applied  # idempotent
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
         assert applied
+
+
+@pytest.mark.parametrize("attention,mode,gate", [("soft", "soft", "scalar"), ("hard", "argmax", "scalar"),
+                                                 ("hard", "expectation", "none"), ("key_value", "soft", "scalar")])
+def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
+    """Beam search's projected values (expand_state with >= project_values_from_beams beams) give the same
+    log-probabilities, maps and search results as reading the raw context."""
+    from captioner.models.decoder import ProjectedState
+    from captioner.search import beam_search
+
+    torch.manual_seed(4)
+    dec = ShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
+                                gate=gate, dropout=0.0).eval()
+    grid = torch.randn(3, 6, 12)
+    K = dec.project_values_from_beams
+    with torch.no_grad():
+        fast_state = dec.expand_state(dec.init_state(grid), K)
+        dec.project_values_from_beams = 10 ** 6
+        plain_state = dec.expand_state(dec.init_state(grid), K)
+        assert isinstance(fast_state, ProjectedState) and not isinstance(plain_state, ProjectedState)
+        tokens = torch.randint(4, 31, (3 * K,))
+        for _ in range(3):
+            fast = dec.step(tokens, fast_state, mode)
+            plain = dec.step(tokens, plain_state, mode)
+            torch.testing.assert_close(fast[0], plain[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(fast[1], plain[1], atol=1e-6, rtol=1e-5)
+            fast_state, plain_state = fast[2], plain[2]
+            assert isinstance(fast_state, ProjectedState)
+            tokens = fast[0].argmax(-1)
+        results = []
+        for threshold in (K, 10 ** 6):
+            dec.project_values_from_beams = threshold
+            step = lambda t, s: dec.step(t, s, mode)  # noqa: E731
+            results.append(beam_search(step, dec.init_state(grid), batch_size=3, start_id=1, end_id=2,
+                                       beam_size=K, max_length=8, n_best=2, expand=dec.expand_state))
+    for fast_hyps, plain_hyps in zip(*results):
+        assert [h.tokens for h in fast_hyps] == [h.tokens for h in plain_hyps]
+        for a, b in zip(fast_hyps, plain_hyps):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_vector_gate_and_multi_head_decode_unprojected():
+    from captioner.models.decoder import ProjectedState
+
+    for kwargs in (dict(gate="vector"), dict(attention="multi_head", heads=3)):
+        dec = ShowAttendTellDecoder(20, 12, embed_dim=8, hidden_dim=9, attention_dim=9, **kwargs).eval()
+        with torch.no_grad():
+            state = dec.expand_state(dec.init_state(torch.randn(2, 4, 12)), 8)
+        assert not isinstance(state, ProjectedState)

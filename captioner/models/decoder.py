@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioner.models.attention import MODES, build_attention
+from captioner.models.attention import MODES, SoftAttention, build_attention
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
 
 GATES = ("scalar", "vector", "none")
@@ -67,6 +67,11 @@ class DecoderOutput:
             full = packed.new_zeros(B * S, packed.shape[1]).index_copy(0, self.rows, packed)
             self._logits = full.view(B, S, -1)  # (B, T-1, V)
         return self._logits
+
+
+class ProjectedState(tuple):
+    """A decoder state (h, c, projected values, prepared keys) whose values were multiplied by the weights
+    that read the context (ShowAttendTellDecoder.expand_state). A tuple: search reorders it like any state."""
 
 
 @dataclass
@@ -160,14 +165,36 @@ class ShowAttendTellDecoder(nn.Module):
         mean = grid.mean(dim=1)  # (B, D)
         return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
 
+    # Beam search with at least this many beams decodes from projected values (expand_state): multiplying
+    # each image's L annotation vectors once by the weights that read the context costs 2·L·Z·(4H + E)
+    # FLOPs; it saves 2·Z·(4H + E) per beam and word. With L = 49 that pays from about 3 beams of 20 words.
+    project_values_from_beams = 4
+
     def expand_state(self, state: tuple[Tensor, ...], beams: int) -> tuple[Tensor, ...]:
         """`beams` consecutive rows per image for beam search (its `expand`): h and c are repeated;
         the attention memory stays at one row per image when the attention reads it for a group of
-        queries (then it is neither copied nor reordered: beams never leave their image)."""
+        queries (then it is neither copied nor reordered: beams never leave their image).
+
+        Without autograd and with ``project_values_from_beams`` beams or more, the values are replaced by
+        values @ [W_ih,z; L_z]^T (B, L, 4H + E): the context z = sum_i alpha_i a_i (or a_s) only ever enters
+        the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
+        beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step() reads it the same way.
+        """
         h, c, *memory = state
         if not self.attention.grouped_queries:
             memory = [m.repeat_interleave(beams, dim=0) for m in memory]  # (B*K, ...)
-        return (h.repeat_interleave(beams, dim=0), c.repeat_interleave(beams, dim=0), *memory)
+        expanded = (h.repeat_interleave(beams, dim=0), c.repeat_interleave(beams, dim=0), *memory)
+        if (beams >= self.project_values_from_beams and not torch.is_grad_enabled()
+                and not isinstance(state, ProjectedState) and self._reads_context_linearly()):
+            values, prepared = memory
+            E = self.embedding.embedding_dim
+            weight = torch.cat([self.lstm.weight_ih[:, E:], self.out_z.weight])  # (4H + E, Z)
+            return ProjectedState((*expanded[:2], values @ weight.t(), prepared))  # values (B, L, 4H + E)
+        return expanded
+
+    def _reads_context_linearly(self) -> bool:
+        """Whether z only enters through linear maps after a scalar gate (see expand_state)."""
+        return isinstance(self.attention, SoftAttention) and (self.gate is None or self.gate.out_features == 1)
 
     # Form the LSTM weights' gradients once per sequence, not once per step (models/deferred.py); False
     # runs the plain per-step autograd path, which tests/test_fast_paths.py compares against.
@@ -211,10 +238,11 @@ class ShowAttendTellDecoder(nn.Module):
         return gates.view(*emb.shape[:-1], -1)
 
     def _recur(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: tuple[Tensor, ...], mode: str,
-               weights: "_LoopWeights", expectation_mask: Tensor | None = None):
+               weights: "_LoopWeights", expectation_mask: Tensor | None = None, projected: bool = False):
         """One step of Eq. (1)-(6): attend with h_{t-1}, gate, LSTM. Returns (h, c, z, read).
 
-        word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates).
+        word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates). With ``projected``
+        the memory's values are ProjectedState's, and the returned z is already L_z z (for _deep_output).
         """
         H = h.shape[1]
         base = weights.hidden_bias if weights.hidden_bias is not None else h.new_zeros(())
@@ -225,16 +253,20 @@ class ShowAttendTellDecoder(nn.Module):
         z = read.context  # (N, Z)
         if self.gate is not None:
             z = torch.sigmoid(from_h[:, 4 * H + weights.query_size:]) * z  # beta_t z_t, §4.2.1
-        gates = weights.context.addmm(word_gates + from_h[:, :4 * H], z)  # (N, 4H), order i, f, g, o
+        if projected:  # z is (N, 4H + E): [W_ih,z z; L_z z]
+            gates = (word_gates + from_h[:, :4 * H]).add_(z[:, :4 * H])  # (N, 4H)
+            z = z[:, 4 * H:]  # (N, E)
+        else:
+            gates = weights.context.addmm(word_gates + from_h[:, :4 * H], z)  # (N, 4H), order i, f, g, o
         sig = torch.sigmoid(gates)  # (N, 4H): one kernel for i, f, o (the g quarter is unused)
         c = torch.addcmul(sig[:, H:2 * H] * c, sig[:, :H], torch.tanh(gates[:, 2 * H:3 * H]))  # (N, H)
         h = sig[:, 3 * H:] * torch.tanh(c)  # (N, H)
         return h, c, z, read
 
-    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
-        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t), on any leading shape."""
+    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
+        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t), on any leading shape (``projected``: z is L_z z)."""
         # Sums in place into the fresh L_h output (no temporaries of the full (B, T-1, E) size).
-        return self.out(self.dropout(self.out_h(h).add_(self.out_z(z)).add_(emb)))
+        return self.out(self.dropout(self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb)))
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None) -> DecoderOutput:
@@ -377,9 +409,11 @@ class ShowAttendTellDecoder(nn.Module):
         in "sample" mode need not be alpha's arg-max; None in the other modes.
         """
         mode = self._mode(attention_mode)
+        projected = isinstance(state, ProjectedState)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
         step_weights = self._step_weights()
-        h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights)
-        log_probs = F.log_softmax(self._deep_output(emb, h, z), dim=-1)  # (N, V)
-        return log_probs, read.alpha, read.index, (h, c, *memory)
+        h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights,
+                                    projected=projected)
+        log_probs = F.log_softmax(self._deep_output(emb, h, z, projected), dim=-1)  # (N, V)
+        return log_probs, read.alpha, read.index, type(state)((h, c, *memory))
