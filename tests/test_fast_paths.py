@@ -239,3 +239,33 @@ def test_vector_gate_and_multi_head_decode_unprojected():
         with torch.no_grad():
             state = dec.expand_state(dec.init_state(torch.randn(2, 4, 12)), 8)
         assert not isinstance(state, ProjectedState)
+
+
+def test_inference_caches_follow_weight_updates():
+    """step() without autograd reads cached stacks of weights (the word-gate table, the h_{t-1} stack); an
+    optimizer step or load_state_dict must invalidate them."""
+    torch.manual_seed(5)
+    dec = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
+    grid = torch.randn(2, 4, 8)
+    tokens = torch.tensor([3, 9])
+
+    def step_logp():
+        with torch.no_grad():
+            return dec.step(tokens, dec.init_state(grid))[0]
+
+    def reference():  # the autograd path builds no cache
+        with torch.enable_grad():
+            return dec.step(tokens, dec.init_state(grid))[0].detach()
+
+    before = step_logp()
+    torch.testing.assert_close(before, reference(), atol=1e-6, rtol=1e-6)
+    optimizer = torch.optim.SGD(dec.parameters(), lr=0.5)
+    loss = dec.step(tokens, dec.init_state(grid))[0].logsumexp(-1).sum() + dec.embedding.weight.sum()
+    loss.backward()
+    optimizer.step()
+    after = step_logp()
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, reference(), atol=1e-6, rtol=1e-6)
+    fresh = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
+    dec.load_state_dict(fresh.state_dict())
+    torch.testing.assert_close(step_logp(), reference(), atol=1e-6, rtol=1e-6)

@@ -212,13 +212,7 @@ class ShowAttendTellDecoder(nn.Module):
         A = 0 if query is None else query.shape[0]
         if len(parts) == 1:
             return parts[0], None, A
-        if torch.is_grad_enabled():
-            weight = torch.cat(parts)
-        else:
-            key = tuple((p.data_ptr(), p._version) for p in parts)  # _version counts in-place updates
-            if getattr(self, "_stack_cache", (None,))[0] != key:
-                self._stack_cache = (key, torch.cat(parts))
-            weight = self._stack_cache[1]
+        weight = torch.cat(parts) if torch.is_grad_enabled() else self._cached("hidden", parts, lambda: torch.cat(parts))
         bias = None
         if self.gate is not None:  # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
             bias = torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features), self.gate.bias])
@@ -231,6 +225,24 @@ class ShowAttendTellDecoder(nn.Module):
         weight, bias, A = self._hidden_weight()
         (hidden,) = step_weights(weight, None, self.defer_weight_grads)
         return _LoopWeights(word, context, hidden, bias, A)
+
+    def _cached(self, name: str, tensors: list[Tensor], build) -> Tensor:
+        """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place (its
+        _version counts in-place updates: optimizer steps, load_state_dict). For inference only."""
+        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        cache = self.__dict__.setdefault("_inference_cache", {})
+        if name not in cache or cache[name][0] != key:
+            cache[name] = (key, build())
+        return cache[name][1]
+
+    def _word_gate_table(self) -> Tensor:
+        """(V, 4H): every word's share of the LSTM gates (E y W_ih,y^T + both biases), for inference, where a
+        step then gathers N rows instead of multiplying (N, E) by (E, 4H). Built once per set of weights."""
+        E = self.embedding.embedding_dim
+        return self._cached("word_gates", [self.embedding.weight, self.lstm.weight_ih, self.lstm.bias_ih,
+                                           self.lstm.bias_hh],
+                            lambda: F.linear(self.embedding.weight, self.lstm.weight_ih[:, :E],
+                                             self.lstm.bias_ih + self.lstm.bias_hh))
 
     def _word_gates(self, emb: Tensor, word: StepWeight) -> Tensor:
         """The word-embedding share of the LSTM gates, both biases included: emb (..., E) -> (..., 4H)."""
@@ -413,7 +425,10 @@ class ShowAttendTellDecoder(nn.Module):
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)
         step_weights = self._step_weights()
-        h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights,
-                                    projected=projected)
+        if torch.is_grad_enabled():
+            word_gates = self._word_gates(emb, step_weights.word)  # (N, 4H)
+        else:
+            word_gates = self._word_gate_table().index_select(0, tokens)  # (N, 4H): a gather, no matmul
+        h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights, projected=projected)
         log_probs = F.log_softmax(self._deep_output(emb, h, z, projected), dim=-1)  # (N, V)
         return log_probs, read.alpha, read.index, type(state)((h, c, *memory))
