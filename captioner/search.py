@@ -20,7 +20,10 @@ Conventions shared by all three searches:
 - `norm_score = score / length ** length_penalty`, `length = len(tokens) + finished` (the
   <end> counts as a predicted token). It ranks hypotheses; `length_penalty=0` ranks by raw
   log-probability, 1 by mean log-probability per predicted token.
-- `alphas[i]` is the attention map returned by the step call that produced word i.
+- The step function returns (log_probs, per_word, state); per_word is None, alpha (N, L), or a tuple
+  (alpha (N, L), location (N,) or None): `alphas[i]` is the attention map and `locations[i]` the grid
+  cell read (hard attention) returned by the step call that produced word i. Beam search reorders them
+  with the beams; Hypothesis is built in one place (`_hypothesis`).
 - Log-probabilities are assumed <= 0 (log-softmaxed), which the beam search's early stop
   relies on.
 - State tensors are never modified in place by the step function (it returns new tensors).
@@ -42,7 +45,7 @@ import torch
 from torch import Tensor
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
-StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | None", State]]
+StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Hypothesis:
     norm_score: float  # score / length ** length_penalty; what ranks hypotheses
     alphas: Tensor | None  # (len(tokens), L) on the CPU, or None if the step gives no alpha
     finished: bool  # True when the caption ended with <end>
-    locations: list[int] | None = None  # the cell read per word, set by callers that know it (hard attention)
+    locations: list[int] | None = None  # the cell read per word (hard attention), when the step function gives it
 
 
 def normalise_score(score: float, length: int, length_penalty: float) -> float:
@@ -100,18 +103,76 @@ def _check_args(batch_size: int, max_length: int, min_length: int) -> None:
         raise ValueError(f"min_length must be in [0, max_length={max_length}], got {min_length}")
 
 
+PerWord = "tuple[Tensor | None, ...]"  # per-word tensors of one step, each (N, ...): (alpha, location)
+
+
 def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list[int]):
-    """One step call; returns float32 log-probs (rows, V) with the `banned` ids at -inf."""
-    log_probs, alpha, state = step_fn(tokens, state)
+    """One step call; returns float32 log-probs (rows, V) with the `banned` ids at -inf, the per-word tensors
+    as a tuple (alpha, and the read location when the step function gives one) or None, and the state."""
+    log_probs, per_word, state = step_fn(tokens, state)
     if log_probs.dim() != 2 or log_probs.size(0) != rows:
         raise ValueError(f"step_fn must return log_probs (N={rows}, V), got shape {tuple(log_probs.shape)}")
-    if alpha is not None and (alpha.dim() != 2 or alpha.size(0) != rows):
-        raise ValueError(f"step_fn must return alpha (N={rows}, L) or None, got shape {tuple(alpha.shape)}")
+    if per_word is not None:
+        per_word = (per_word,) if isinstance(per_word, Tensor) else tuple(per_word)
+        alpha = per_word[0]
+        if alpha is None or alpha.dim() != 2 or alpha.size(0) != rows:
+            raise ValueError(f"step_fn must return alpha (N={rows}, L) or None, got "
+                             f"{None if alpha is None else tuple(alpha.shape)}")
+        bad = [tuple(x.shape) for x in per_word[1:] if x is not None and (x.dim() == 0 or x.size(0) != rows)]
+        if bad:
+            raise ValueError(f"step_fn's per-word tensors must have N={rows} rows, got shapes {bad}")
+        per_word = tuple(x.detach() if x is not None else None for x in per_word)
     log_probs = log_probs.float()
     if banned:
         # index_fill is out of place: the caller's tensor is never modified
         log_probs = log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), -math.inf)
-    return log_probs, alpha, state
+    return log_probs, per_word, state
+
+
+def _hypothesis(tokens: list[int], per_word: "list[Tensor | None] | None", score: float, finished: bool,
+                length_penalty: float) -> Hypothesis:
+    """The one place a Hypothesis is made. per_word: its words' per-word tensors ((len(tokens), ...) each,
+    on any device): alpha, then the read location when there is one."""
+    alphas = locations = None
+    if per_word is not None:
+        alphas = per_word[0].float().cpu().clone()  # (n, L): owns its memory, not a view of the batch's
+        if len(per_word) > 1 and per_word[1] is not None:
+            locations = per_word[1].long().cpu().tolist()
+    return Hypothesis(tokens=tokens, score=score, finished=finished, alphas=alphas, locations=locations,
+                      norm_score=normalise_score(score, len(tokens) + finished, length_penalty))
+
+
+class _History:
+    """Per-row histories of one search: the words and each per-word tensor, (rows, t, ...) after t steps."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.words = torch.zeros(rows, 0, dtype=torch.long, device=device)  # (rows, t)
+        self.per_word: list[Tensor | None] | None = None  # None once a step gave no per-word tensors
+        self._started = False
+
+    def append(self, words: Tensor, per_word: "PerWord | None", parent: Tensor | None = None) -> None:
+        """Add step t's words (rows,) and per-word tensors; ``parent`` (rows,) reorders the history first."""
+        pick = (lambda x: x) if parent is None else (lambda x: x.index_select(0, parent))
+        self.words = torch.cat([pick(self.words), words[:, None]], 1)
+        if not self._started:  # the first step decides whether per-word tensors are kept
+            self._started = True
+            self.per_word = None if per_word is None else [None if x is None else pick(x)[:, None] for x in per_word]
+            return
+        if self.per_word is None or per_word is None:
+            self.per_word = None
+            return
+        self.per_word = [None if old is None or new is None else torch.cat([pick(old), pick(new)[:, None]], 1)
+                         for old, new in zip(self.per_word, per_word)]
+
+    def keep(self, rows: Tensor) -> None:
+        self.words = self.words.index_select(0, rows)
+        if self.per_word is not None:
+            self.per_word = [None if x is None else x.index_select(0, rows) for x in self.per_word]
+
+    def row(self, r: int, n: int) -> tuple[list[int], "list[Tensor | None] | None"]:
+        """Row r's first n words and per-word slices."""
+        per_word = None if self.per_word is None else [None if x is None else x[r, :n] for x in self.per_word]
+        return self.words[r, :n].tolist(), per_word
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,15 +186,14 @@ def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length
     _check_state_rows(state, batch_size)
     B = batch_size
     tokens = torch.full((B,), start_id, dtype=torch.long, device=_state_device(state))
-    scores = lengths = finished = None
-    words, alphas = [], []
-    use_alpha = True
+    scores = lengths = finished = history = None
     for t in range(max_length):
-        log_probs, alpha, state = _step(step_fn, tokens, state, B, _banned(t, end_id, min_length, forbid_ids))
+        log_probs, per_word, state = _step(step_fn, tokens, state, B, _banned(t, end_id, min_length, forbid_ids))
         if scores is None:  # created on the device the model answers on
             scores = torch.zeros(B, device=log_probs.device)
             lengths = torch.zeros(B, dtype=torch.long, device=log_probs.device)
             finished = torch.zeros(B, dtype=torch.bool, device=log_probs.device)
+            history = _History(B, log_probs.device)
         word = choose(log_probs)  # (B,)
         word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
         # rows already finished keep their score and length; what they are fed from now on is ignored
@@ -141,29 +201,14 @@ def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length
         is_end = word == end_id
         lengths = lengths + (~finished & ~is_end).long()
         finished = finished | is_end
-        words.append(word)
-        use_alpha = use_alpha and alpha is not None
-        if use_alpha:
-            alphas.append(alpha)
+        history.append(word, per_word)
         tokens = word
         if bool(finished.all()):
             break
-    words_bt = torch.stack(words, 1).cpu()  # (B, T)
-    alphas_btl = torch.stack(alphas, 1).detach().float().cpu() if use_alpha else None  # (B, T, L)
+    history.words = history.words.cpu()
     scores_l, lengths_l, finished_l = scores.tolist(), lengths.tolist(), finished.tolist()
-    out = []
-    for b in range(B):
-        n = lengths_l[b]
-        out.append([
-            Hypothesis(
-                tokens=words_bt[b, :n].tolist(),
-                score=scores_l[b],
-                norm_score=normalise_score(scores_l[b], n + finished_l[b], length_penalty),
-                alphas=alphas_btl[b, :n].clone() if alphas_btl is not None else None,
-                finished=bool(finished_l[b]),
-            )
-        ])
-    return out
+    return [[_hypothesis(*history.row(b, lengths_l[b]), length_penalty=length_penalty, score=scores_l[b],
+                         finished=bool(finished_l[b]))] for b in range(B)]
 
 
 def _state_device(state: State) -> torch.device:
@@ -274,151 +319,154 @@ def beam_search(
     if beam_size < 1 or n_best < 1:
         raise ValueError(f"beam_size and n_best must be >= 1, got beam_size={beam_size}, n_best={n_best}")
     _check_state_rows(state, batch_size)
-    forbid_ids = tuple(forbid_ids)
-    K = beam_size
-    active = list(range(batch_size))  # original image index of each image still in the batch
-    B = batch_size
-    if expand is None:
-        state = map_state(state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
-    else:
-        state = expand(state, K)  # (B*K, ...) rows, or (B, ...) per-image tensors
-        bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
-        if bad:
-            raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
-    # Tensors whose K rows per image are identical (just expanded, never replaced by the step
-    # function): id -> tensor, the reference keeps the id from being reused.
-    invariant: dict[int, Tensor] = {}
-    map_state(state, lambda x: invariant.setdefault(id(x), x))
-    device = _state_device(state)
-    tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)
-    # only beam 0 is live at first: the K copies are identical and would all pick the same words
-    scores = torch.full((B, K), -math.inf, device=device)
-    scores[:, 0] = 0.0
-    scores = scores.view(B * K)
-    finished = torch.zeros(B * K, dtype=torch.bool, device=device)
-    hist_words = torch.zeros(B * K, 0, dtype=torch.long, device=device)  # (B*K, t)
-    hist_alpha: Tensor | None = None  # (B*K, t, L)
-    use_alpha = True
-    pools: list[list[Hypothesis]] = [[] for _ in range(batch_size)]  # finished, per original image
-    results: list[list[Hypothesis] | None] = [None] * batch_size
-    frozen_row: Tensor | None = None  # (V,): -inf except 0 at <end>
-    steps = 0
-
-    def _unfinished(i: int, n_words: int) -> list[Hypothesis]:
-        """Hypotheses of the not-finished slots of local image i (reads the loop's current tensors)."""
-        rows = slice(i * K, (i + 1) * K)  # a view: no gather kernels per image
-        row_scores, row_finished = scores[rows].tolist(), finished[rows].tolist()
-        words = hist_words[rows].cpu()  # (K, n_words)
-        alphas = hist_alpha[rows].float().cpu() if use_alpha and hist_alpha is not None else None  # (K, n_words, L)
-        return [
-            Hypothesis(
-                tokens=words[k, :n_words].tolist(),
-                score=row_scores[k],
-                norm_score=normalise_score(row_scores[k], n_words, length_penalty),
-                alphas=alphas[k, :n_words].clone() if alphas is not None else None,
-                finished=False,
-            )
-            for k in range(K)
-            if not row_finished[k]
-        ]
-
+    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand)
     for t in range(max_length):
-        N = B * K
-        log_probs, alpha, state = _step(step_fn, tokens, state, N, [])  # banned ids are masked in cand below
-        V = log_probs.size(1)
-        if frozen_row is None:
-            frozen_row = torch.full((V,), -math.inf, device=log_probs.device)
-            frozen_row[end_id] = 0.0
-            scores, finished, hist_words = scores.to(log_probs.device), finished.to(log_probs.device), hist_words.to(log_probs.device)
-        cand = scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
-        banned = _banned(t, end_id, min_length, forbid_ids)
+        log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, [])
+        beams.advance(log_probs, per_word, _banned(t, end_id, min_length, tuple(forbid_ids)), t)
+        if t + 1 < max_length and not beams.prune(t, max_length):
+            break
+    return beams.finish()
+
+
+class _Beams:
+    """The state of one batched beam search: K rows per image still searching (row i*K + k is beam k of
+    local image i), their scores, finished flags and histories, the decoder state, and per original
+    image the pool of finished hypotheses and, once decided, its result.
+
+    advance() scores every (beam, word) candidate and keeps the K best per image; prune() retires the
+    images whose pool no live beam can still beat; finish() ranks what is left.
+    """
+
+    def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
+                 n_best: int, expand: Callable[[State, int], State] | None) -> None:
+        self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
+        self.active = list(range(batch_size))  # original image index of each image still in the batch
+        B = batch_size
+        if expand is None:
+            state = map_state(state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
+        else:
+            state = expand(state, K)  # (B*K, ...) rows, or (B, ...) per-image tensors
+            bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
+            if bad:
+                raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
+        self.state = state
+        # Tensors whose K rows per image are identical (just expanded, never replaced by the step
+        # function): id -> tensor, the reference keeps the id from being reused.
+        self.invariant: dict[int, Tensor] = {}
+        map_state(state, lambda x: self.invariant.setdefault(id(x), x))
+        device = _state_device(state)
+        self.tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)
+        # only beam 0 is live at first: the K copies are identical and would all pick the same words
+        self.scores = torch.full((B, K), -math.inf, device=device)
+        self.scores[:, 0] = 0.0
+        self.scores = self.scores.view(B * K)
+        self.finished = torch.zeros(B * K, dtype=torch.bool, device=device)
+        self.history = _History(B * K, device)
+        self.pools: list[list[Hypothesis]] = [[] for _ in range(batch_size)]  # finished, per original image
+        self.results: list[list[Hypothesis] | None] = [None] * batch_size
+        self.frozen_row: Tensor | None = None  # (V,): -inf except 0 at <end>
+        self.steps = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.active) * self.K
+
+    def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: list[int], t: int) -> None:
+        """Step t: the K best (beam, word) continuations per image by raw score; finished beams stay frozen."""
+        B, K, N, V = len(self.active), self.K, self.rows, log_probs.size(1)
+        if self.frozen_row is None:
+            self.frozen_row = torch.full((V,), -math.inf, device=log_probs.device)
+            self.frozen_row[self.end_id] = 0.0
+            self.scores, self.finished = self.scores.to(log_probs.device), self.finished.to(log_probs.device)
+            self.history.words = self.history.words.to(log_probs.device)
+        cand = self.scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
         if banned:
             cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
-        if bool(finished.any()):  # a finished beam's only continuation is <end> at +0
-            cand = torch.where(finished[:, None], frozen_row + scores[:, None], cand)
-        cand = cand.view(B, K * V)  # (B, K*V)
-        top_scores, top_idx = cand.topk(K, dim=1)  # (B, K)
+        if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
+            cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
+        top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
         parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
         word = (top_idx % V).view(N)  # (N,)
-        scores = top_scores.view(N)
-        was_finished = finished.index_select(0, parent)
-        newly = (word == end_id) & ~was_finished & torch.isfinite(scores)
-        finished = was_finished | newly
-        hist_words = torch.cat([hist_words.index_select(0, parent), word[:, None]], 1)  # (N, t+1)
-        use_alpha = use_alpha and alpha is not None
-        if use_alpha:
-            # the alpha that produced word t is the parent's alpha at this step
-            a = alpha.detach().index_select(0, parent)[:, None]  # (N, 1, L)
-            hist_alpha = a if hist_alpha is None else torch.cat([hist_alpha.index_select(0, parent), a], 1)
-        # parents always lie in their child's image block, so beam-invariant tensors need no copy
+        self.scores = top_scores.view(N)
+        was_finished = self.finished.index_select(0, parent)
+        newly = (word == self.end_id) & ~was_finished & torch.isfinite(self.scores)
+        self.finished = was_finished | newly
+        # the per-word tensors that produced word t are the parent's at this step
+        self.history.append(word, per_word, parent)
+        # parents always lie in their child's image block, so beam-invariant tensors need no copy;
         # per-image tensors (B rows) are never reordered either
-        state = map_state(state, lambda x: x if invariant.get(id(x)) is x or x.size(0) != N else x.index_select(0, parent))
-        invariant = {id(x): x for x in _leaves(state) if invariant.get(id(x)) is x}  # drop replaced ones
-        tokens = word
-        steps = t + 1
+        self.state = map_state(self.state, lambda x: x if self.invariant.get(id(x)) is x or x.size(0) != N
+                               else x.index_select(0, parent))
+        self.invariant = {id(x): x for x in _leaves(self.state) if self.invariant.get(id(x)) is x}
+        self.tokens = word
+        self.steps = t + 1
+        if bool(newly.any()):  # bookkeeping only on steps where some beam finishes
+            self._pool_finished(newly.nonzero().squeeze(1).tolist(), t)
 
-        if bool(newly.any()):  # cheap bookkeeping, only on steps where some beam finishes
-            rows = newly.nonzero().squeeze(1).tolist()
-            row_scores = scores[rows].tolist()
-            for row, s in zip(rows, row_scores):
-                b = active[row // K]
-                pools[b].append(Hypothesis(
-                    tokens=hist_words[row, :t].tolist(),  # the word at t is <end>
-                    score=s,
-                    norm_score=normalise_score(s, t + 1, length_penalty),
-                    alphas=hist_alpha[row, :t].float().cpu() if use_alpha else None,
-                    finished=True,
-                ))
-            for b in {active[row // K] for row in rows}:
-                pools[b].sort(key=lambda h: -h.norm_score)  # stable: ties keep discovery order
+    def _pool_finished(self, rows: list[int], t: int) -> None:
+        """Copy the beams that emitted <end> at step t to their images' pools (t words, <end> not stored)."""
+        for row, score in zip(rows, self.scores[rows].tolist()):
+            self.pools[self.active[row // self.K]].append(
+                _hypothesis(*self.history.row(row, t), score=score, finished=True, length_penalty=self.length_penalty))
+        for b in {self.active[row // self.K] for row in rows}:
+            self.pools[b].sort(key=lambda h: -h.norm_score)  # stable: ties keep discovery order
 
-        if t + 1 == max_length:
-            break
-        # early stop per image: best norm_score any live beam could still reach vs the pool's n_best-th
-        live = ~finished & torch.isfinite(scores)
-        # continuations only lower the score (log-probs <= 0), so s / L**lp is maximal at an extreme length
+    def prune(self, t: int, max_length: int) -> bool:
+        """Retire every image whose pool holds n_best hypotheses that no live beam can beat in norm_score
+        (log-probs <= 0 bound every continuation); False when no image is left."""
+        B, K = len(self.active), self.K
+        live = ~self.finished & torch.isfinite(self.scores)
+        # continuations only lower the score, so s / L**lp is maximal at an extreme length
         lo, hi = float(t + 1), float(max_length + 1)
-        s64 = scores.double()  # float64 so the comparison with the (Python float) pool scores is not rounded
-        bound = torch.maximum(s64 / lo**length_penalty, s64 / hi**length_penalty)
+        s64 = self.scores.double()  # float64 so the comparison with the (Python float) pool scores is not rounded
+        bound = torch.maximum(s64 / lo ** self.length_penalty, s64 / hi ** self.length_penalty)
         bound = torch.where(live, bound, torch.full_like(bound, -math.inf)).view(B, K).amax(1)  # (B,)
-        threshold = torch.tensor(
-            [pools[b][n_best - 1].norm_score if len(pools[b]) >= n_best else -math.inf for b in active],
-            dtype=torch.float64,
-            device=bound.device,
-        )
+        threshold = torch.tensor([self.pools[b][self.n_best - 1].norm_score if len(self.pools[b]) >= self.n_best
+                                  else -math.inf for b in self.active], dtype=torch.float64, device=bound.device)
         done = (bound <= threshold).tolist()
         if not any(done):
-            continue
-        for i, b in enumerate(active):
-            if done[i]:
-                # an empty pool here means every beam has score -inf: return those rather than nothing
-                results[b] = _rank(pools[b], [] if pools[b] else _unfinished(i, steps), n_best)
+            return True
+        for i, b in enumerate(self.active):
+            if done[i]:  # an empty pool here means every beam has score -inf: return those rather than nothing
+                self.results[b] = _rank(self.pools[b], [] if self.pools[b] else self._unfinished(i), self.n_best)
         keep = [i for i in range(B) if not done[i]]
-        if not keep:
-            break
-        # drop finished images' rows so later steps only pay for images still searching
-        keep_images = torch.tensor(keep, device=scores.device)  # (B',)
-        keep_rows = (keep_images[:, None] * K + torch.arange(K, device=scores.device)).view(-1)  # (B'*K,)
-        active = [active[i] for i in keep]
-        B = len(active)
-        scores, finished, tokens = scores[keep_rows], finished[keep_rows], tokens[keep_rows]
-        hist_words = hist_words[keep_rows]
-        hist_alpha = hist_alpha[keep_rows] if hist_alpha is not None else None
+        if keep:
+            self._keep_images(keep)
+        return bool(keep)
+
+    def _keep_images(self, keep: list[int]) -> None:
+        """Drop the retired images' rows so later steps only pay for images still searching."""
+        N, K = self.rows, self.K
+        device = self.scores.device
+        keep_images = torch.tensor(keep, device=device)  # (B',)
+        keep_rows = (keep_images[:, None] * K + torch.arange(K, device=device)).view(-1)  # (B'*K,)
+        self.active = [self.active[i] for i in keep]
+        self.scores, self.finished, self.tokens = self.scores[keep_rows], self.finished[keep_rows], self.tokens[keep_rows]
+        self.history.keep(keep_rows)
 
         def select_kept(x: Tensor) -> Tensor:
             index = keep_rows if x.size(0) == N else keep_images  # rows, or per-image tensors
             kept = x.index_select(0, index.to(x.device))  # whole images: still beam-invariant
-            if invariant.pop(id(x), None) is x:
-                invariant[id(kept)] = kept
+            if self.invariant.pop(id(x), None) is x:
+                self.invariant[id(kept)] = kept
             return kept
 
-        state = map_state(state, select_kept)
+        self.state = map_state(self.state, select_kept)
 
-    # images still searching after max_length calls: live beams compete as unfinished captions
-    for i, b in enumerate(active):
-        if results[b] is None:
-            results[b] = _rank(pools[b], _unfinished(i, steps), n_best)
-    return results  # type: ignore[return-value]
+    def _unfinished(self, i: int) -> list[Hypothesis]:
+        """Hypotheses of the not-finished slots of local image i, after self.steps words."""
+        rows = range(i * self.K, (i + 1) * self.K)
+        scores, finished = self.scores[i * self.K:(i + 1) * self.K].tolist(), self.finished[i * self.K:(i + 1) * self.K].tolist()
+        return [_hypothesis(*self.history.row(r, self.steps), score=scores[k], finished=False,
+                            length_penalty=self.length_penalty)
+                for k, r in enumerate(rows) if not finished[k]]
+
+    def finish(self) -> list[list[Hypothesis]]:
+        """Images still searching after max_length calls: live beams compete as unfinished captions."""
+        for i, b in enumerate(self.active):
+            if self.results[b] is None:
+                self.results[b] = _rank(self.pools[b], self._unfinished(i), self.n_best)
+        return self.results  # type: ignore[return-value]
 
 
 def _rank(pool: list[Hypothesis], unfinished: list[Hypothesis], n_best: int) -> list[Hypothesis]:

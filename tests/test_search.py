@@ -321,3 +321,24 @@ def test_forbidden_ids_are_never_chosen():
         assert not any(set(h.tokens) & set(banned) for hyps in out for h in hyps)
     for hg, hb in zip(g, b):
         same(hg[0], hb[0])
+
+
+def test_per_word_locations_follow_their_beams():
+    """A step function may return (alpha, location): each hypothesis gets the locations of the steps that
+    produced its words, reordered with the beams exactly like alpha."""
+    V, L = 7, 5
+    g = torch.Generator().manual_seed(0)
+    table = torch.log_softmax(torch.randn(V, V, generator=g), dim=1)  # next-word log-probs given the last word
+
+    def step(tokens, state):
+        alpha = torch.nn.functional.one_hot(tokens % L, L).float()  # (N, L): peaked at the input word's cell
+        location = tokens % L  # the cell "read"
+        return table[tokens], (alpha, location), state + 1
+
+    for search in (lambda **kw: beam_search(step, torch.zeros(2), beam_size=3, n_best=3, **kw),
+                   lambda **kw: greedy_search(step, torch.zeros(2), **kw)):
+        for hyps in search(batch_size=2, start_id=1, end_id=2, max_length=6, forbid_ids=(0,)):
+            for h in hyps:
+                inputs = [1] + h.tokens[:-1]  # the word fed at each step
+                assert h.locations == [w % L for w in inputs]
+                assert h.alphas.argmax(1).tolist() == h.locations
