@@ -31,7 +31,21 @@ from torch import Tensor, nn
 
 from captioner.models.scorers import build_scorer
 
+# The one definition of the attention modes (module docstring); config, CLI and decoding read these.
 MODES = ("soft", "expectation", "sample", "argmax")
+HARD_DECODING_MODES = ("expectation", "argmax", "sample")  # how a hard-attention model may decode
+ONE_CELL_MODES = ("sample", "argmax")  # the modes that read a single grid cell per word
+
+
+def reads_one_cell(mode: str) -> bool:
+    """Whether `mode` reads one grid cell per word (hard attention's "sample"/"argmax")."""
+    return mode in ONE_CELL_MODES
+
+
+def resolve_mode(mode: str, stochastic: bool) -> str:
+    """The mode a module actually reads in: `mode` for stochastic (hard) attention, "soft" for the others."""
+    check_mode(mode)
+    return mode if stochastic else "soft"
 
 
 @dataclass
@@ -75,7 +89,7 @@ def read_context(scores: Tensor, values: Tensor, mode: str,
     entropy=False skips the entropy (the soft decoder's hot loop does not need it).
     """
     check_mode(mode)
-    hard = mode in ("sample", "argmax")
+    hard = reads_one_cell(mode)
     if hard or entropy:
         log_alpha = F.log_softmax(scores, dim=-1)  # (N, L)
         alpha = log_alpha.exp()

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioner.models.attention import MODES, SoftAttention, build_attention
+from captioner.models.attention import SoftAttention, build_attention, resolve_mode
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
 
 GATES = ("scalar", "vector", "none")
@@ -156,9 +156,7 @@ class ShowAttendTellDecoder(nn.Module):
         return self.attention.stochastic
 
     def _mode(self, attention_mode: str) -> str:
-        if attention_mode not in MODES:
-            raise ValueError(f"unknown attention_mode {attention_mode!r}; valid modes: {', '.join(MODES)}")
-        return attention_mode if self.stochastic else "soft"
+        return resolve_mode(attention_mode, self.stochastic)
 
     def init_state(self, grid: Tensor) -> tuple[Tensor, ...]:
         """(h_0, c_0, *attention memory) for grid (B, L, D); every tensor has dim 0 = B."""
