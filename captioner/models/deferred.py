@@ -20,6 +20,7 @@ computation (``defer=False``), which is also what runs without autograd.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -109,7 +110,7 @@ def step_weights(weight: Tensor, splits: Sequence[int] | None = None, defer: boo
     widths = tuple(splits) if splits is not None else (weight.shape[1],)
     if sum(widths) != weight.shape[1]:
         raise ValueError(f"splits {widths} do not add up to the weight's {weight.shape[1]} input columns")
-    bounds = (0, *torch.tensor(widths).cumsum(0).tolist())
+    bounds = (0, *itertools.accumulate(widths))
     if not (defer and torch.is_grad_enabled() and weight.requires_grad):
         return tuple(StepWeight(weight[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
     record = _Record(len(widths))
