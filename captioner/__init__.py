@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 def load_captioner(path=None, device: str = "cpu"):
     """Load a trained captioner from a checkpoint file or run directory, or with no path (or a shipped
-    model's name such as "flickr8k") the pretrained model shipped with the package (see models/captioner.py)."""
-    from captioner.models.captioner import load_captioner as _load
+    model's name such as "flickr8k") the pretrained model shipped with the package (see captioner/api.py)."""
+    from captioner.api import load_captioner as _load
 
     return _load(path, device=device)
 

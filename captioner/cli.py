@@ -20,11 +20,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("captioner.train", "train a captioner from a config"),
     "caption": ("captioner.cli", "caption image files, globs or directories"),
     "evaluate": ("captioner.evaluate", "decode a split and score it (BLEU, METEOR, ROUGE-L, CIDEr-D, grounding)"),
-    "extract": ("captioner.data.features", "precompute encoder grids into the feature cache"),
+    "extract": ("captioner.extract", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
     "export": ("captioner.zoo", "write a trained run as a shipped model (safetensors + JSON)"),
     "config": ("captioner.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
+    "serve": ("captioner.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
 }
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -58,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"captioner: unknown command {name!r} (valid: {', '.join(COMMANDS)})", file=sys.stderr)
         return 2
+    from captioner.runtime import keep_freed_memory
+
+    keep_freed_memory()  # every command allocates the same large tensors again and again (runtime.py)
     return int(_command(name)(rest) or 0)
 
 
@@ -84,8 +88,9 @@ def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str
     return paths, missing
 
 
-def caption_main(argv: Sequence[str] | None = None) -> int:
-    """`captioner caption IMAGE... --checkpoint CKPT`: one caption per image; exit 1 if any failed."""
+def _caption_parser() -> argparse.ArgumentParser:
+    from captioner.models.attention import HARD_DECODING_MODES
+
     parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
     parser.add_argument("images", nargs="*", help="image files, globs or directories")
     parser.add_argument("--checkpoint", default=None,
@@ -102,7 +107,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="beam ranking: score / length ** P (default: the checkpoint's eval.length_penalty)")
     parser.add_argument(
-        "--attention-mode", choices=("expectation", "argmax", "sample"), default=None,
+        "--attention-mode", choices=HARD_DECODING_MODES, default=None,
         help="hard-attention decoding mode (default: the checkpoint's eval setting)",
     )
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
@@ -110,6 +115,12 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    return parser
+
+
+def caption_main(argv: Sequence[str] | None = None) -> int:
+    """`captioner caption IMAGE... --checkpoint CKPT`: one caption per image; exit 1 if any failed."""
+    parser = _caption_parser()
     args = parser.parse_args(argv)
     if args.list_models:
         from captioner.zoo import available_models, describe
@@ -129,7 +140,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.images import ImageLoadError, load_image
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     try:
         model = load_captioner(args.checkpoint, device=args.device)  # None: the shipped model

@@ -3,9 +3,11 @@
 A YAML file in ``configs/`` lists only what it changes; ``--set a.b=c`` overrides
 are applied after the file. Unknown keys are errors that name the valid ones, values
 are type-checked and range-checked, and the resolved config writes to YAML and reads
-back identically (``save_config`` / ``load_config``). ``build_model(cfg)`` in
-``captioner/models/captioner.py`` is the one place that turns this into constructor
-arguments; field names equal those arguments' names.
+back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
+``captioner/api.py`` is the one place that turns this into constructor arguments; field
+names equal those arguments' names. The allowed names of scorers, attentions, gates and
+decoding modes are the code's own tables (``SCORERS``, ``ATTENTIONS``, ``GATES``, ``HARD_DECODING_MODES``,
+``LOADERS``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+
+# The code's own tables of choices: adding a scorer, an attention, a gate or a data format there is the
+# one edit it takes.
+from captioner.data.datasets import LOADERS, SPLITS
+from captioner.models.attention import ATTENTIONS, HARD_DECODING_MODES
+from captioner.optim import OPTIMIZERS
+from captioner.models.decoder import GATES
+from captioner.models.scorers import SCORERS
 
 
 class ConfigError(ValueError):
@@ -73,7 +83,7 @@ class AttentionConfig:
     """Which scorer and which attention the decoder uses."""
 
     scorer: str = "additive"  # additive | dot | scaled_dot | bilinear
-    kind: str = "soft"  # soft | hard | key_value | multi_head
+    attention: str = "soft"  # soft | hard | key_value | multi_head (was ``kind``; the old key still reads)
     heads: int = 1
     attention_dim: int = 512
 
@@ -169,21 +179,25 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+# Keys renamed so that a field's name is the constructor argument it feeds (old -> new dotted path). Files,
+# overrides and the configs stored in checkpoints and shipped models that use an old name still read.
+RENAMED: dict[str, str] = {"model.attention.kind": "model.attention.attention"}
+
 # Allowed values and ranges, checked by validate(). Keyed by dotted path.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": ("shapes", "karpathy", "coco", "flickr8k"),
-    "model.attention.scorer": ("additive", "dot", "scaled_dot", "bilinear"),
-    "model.attention.kind": ("soft", "hard", "key_value", "multi_head"),
-    "model.decoder.gate": ("scalar", "vector", "none"),
-    "train.optimizer": ("adam", "rmsprop"),
+    "data.format": tuple(LOADERS),
+    "model.attention.scorer": tuple(SCORERS),
+    "model.attention.attention": tuple(ATTENTIONS),
+    "model.decoder.gate": tuple(GATES),
+    "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": ("none", "step", "cosine"),
     "train.amp": ("none", "bf16", "fp16"),
     "train.objective": ("xe", "scst"),
     "train.tensorboard": ("auto", "on", "off"),
     "train.scst.baseline": ("mean", "greedy"),
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
-    "eval.split": ("train", "val", "test"),
-    "eval.attention_mode": ("expectation", "argmax", "sample"),
+    "eval.split": SPLITS,
+    "eval.attention_mode": HARD_DECODING_MODES,
 }
 POSITIVE = (
     "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
@@ -236,9 +250,23 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
 
 
+def _rename_keys(data: dict, prefix: str) -> dict:
+    """``data`` (the mapping at ``prefix``) with renamed keys under their new names (see RENAMED)."""
+    for old, new in RENAMED.items():
+        section, _, old_key = old.rpartition(".")
+        if section != prefix or old_key not in data:
+            continue
+        new_key = new.rpartition(".")[2]
+        if new_key in data:
+            raise ConfigError(f"{old} and {new} both given: {old} is the old name of {new}; keep only {new}")
+        data = {(new_key if k == old_key else k): v for k, v in data.items()}
+    return data
+
+
 def _from_dict(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    data = _rename_keys(data, prefix)
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
@@ -296,7 +324,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
-    if cfg.model.attention.kind == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
+    if cfg.model.attention.attention == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
         raise ConfigError(
             f"model.attention.attention_dim ({cfg.model.attention.attention_dim}) must be divisible by "
             f"model.attention.heads ({cfg.model.attention.heads})"
@@ -348,6 +376,7 @@ def _parse_value(raw: str, typ: Any, path: str) -> Any:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and the value read as that field's type."""
     parts, raw = split_override(text)
+    parts = RENAMED.get(".".join(parts), ".".join(parts)).split(".")
     return parts, _parse_value(raw, _field_type_at(parts), ".".join(parts))
 
 
@@ -380,6 +409,9 @@ def apply_override(data: dict, text: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: expected a mapping in the config file")
     node[parts[-1]] = value
+    for old, new in RENAMED.items():  # the override wins over the file's value under the old name
+        if new == path:
+            node.pop(old.rpartition(".")[2], None)
 
 
 # The configs shipped with the package (``configs/`` in a checkout is a link to this folder).

@@ -40,7 +40,7 @@ def sample_photo(name: str):
 
 def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS, beam: int = 3) -> list[dict]:
     """Caption scikit-image's photographs with the shipped model; write each photo and its overlay."""
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
     from captioner.visualize import overlay_attention
 
     model = load_captioner()  # the shipped Flickr8k model
@@ -54,6 +54,25 @@ def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS, beam: int = 3) 
         fig.savefig(target, dpi=80, bbox_inches="tight")
         results.append({"photo": name, "caption": out["caption"], "overlay": str(target)})
     return results
+
+
+def caption_records(model, records: Sequence, overlay_dir: Path, beam: int) -> list[dict]:
+    """Caption data set images (one batched beam search), write their overlays, print each beside its
+    first reference; returns {image, caption, reference, overlay} per image."""
+    from captioner.data.images import load_image
+    from captioner.visualize import overlay_attention
+
+    overlay_dir.mkdir(parents=True, exist_ok=True)
+    captions = []
+    images = [load_image(record.path) for record in records]
+    for record, image, out in zip(records, images, model.caption(images, beam=beam)):
+        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
+        target = overlay_dir / f"{Path(record.path).stem}.png"
+        fig.savefig(target, dpi=80, bbox_inches="tight")
+        captions.append({"image": str(record.path), "caption": out["caption"], "reference": record.raw[0],
+                         "overlay": str(target)})
+        print(f"      {Path(record.path).name}: {out['caption']!r}  (reference: {record.raw[0]!r})")
+    return captions
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,12 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
+    from captioner.api import load_captioner
     from captioner.data.datasets import load_records
-    from captioner.data.images import load_image
     from captioner.evaluate import evaluate_model, format_table
-    from captioner.models.captioner import load_captioner
     from captioner.train import train
-    from captioner.visualize import overlay_attention
 
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     overrides = [f"train.run_dir={args.run_dir}", f"train.time_budget_s={args.time_budget}", *args.overrides]
@@ -113,18 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"[3/4] captioning {args.n_captions} test images with beam {cfg.eval.beam_size}, writing overlays")
     overlay_dir = run_dir / "overlays"
-    overlay_dir.mkdir(parents=True, exist_ok=True)
-    captions = []
-    shown = records[: args.n_captions]
-    images = [load_image(record.path) for record in shown]
-    outputs = model.caption(images, beam=cfg.eval.beam_size)  # one batched beam search for all of them
-    for record, image, out in zip(shown, images, outputs):
-        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
-        target = overlay_dir / f"{Path(record.path).stem}.png"
-        fig.savefig(target, dpi=80, bbox_inches="tight")
-        captions.append({"image": str(record.path), "caption": out["caption"], "reference": record.raw[0],
-                         "overlay": str(target)})
-        print(f"      {Path(record.path).name}: {out['caption']!r}  (reference: {record.raw[0]!r})")
+    captions = caption_records(model, records[: args.n_captions], overlay_dir, beam=cfg.eval.beam_size)
 
     print("[4/4] summary")
     summary = {

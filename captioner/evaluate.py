@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from captioner.metrics import (CocoInstanceRegions, attention_grounding, attention_sharpness, caption_scores,
-                               mean_grounding, resolve_tokenizer)
+from captioner.api import load_captioner, reads_cached_grids
+from captioner.decode import decode_batches
+from captioner.models.attention import HARD_DECODING_MODES
+from captioner.metrics import (CocoInstanceRegions, attention_sharpness, caption_scores, cells_read,
+                               grounding_shares, resolve_tokenizer)
 
 
 def coco_image_id(record) -> int | None:
@@ -35,27 +38,52 @@ def _image_size(record) -> tuple[int, int]:
         return im.size
 
 
-@torch.no_grad()
-def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], beam_size: int = 1,
-                   max_length: int | None = None, attention_mode: str | None = None,
-                   autocast: Callable[[], ContextManager] = nullcontext,
-                   length_penalty: float | None = None,
-                   forbid_unk: bool = False) -> Iterator[tuple[Any, Any, list[str]]]:
-    """Decode (records, grid (B, L, D)) batches: yields (record, best hypothesis, words) per image.
+class _Grounding:
+    """Attention grounding over a split, averaged over words: every referring word of every caption counts
+    once. Shapes records carry object boxes; COCO images (``instances``) get their instance masks.
 
-    The one decode loop behind ``evaluate_model`` and training's validation, so both score the same
-    words (``<unk>`` kept). ``autocast`` wraps each batch's search (training passes its AMP context).
-    ``max_length`` / ``length_penalty`` default to the model's (its config's ``eval`` section).
-    ``forbid_unk`` keeps <unk> out of the search (off by default: scores then match training's).
+    A word that names an object kind of the data set (any record's object name) but no object of its
+    image scores 0. In hard attention's argmax/sample decoding a word read one cell (``locations``):
+    that cell is scored, not the distribution it was drawn from.
     """
-    mode = model.decode_mode(attention_mode)
-    for records, grid in batches:
-        with autocast():
-            hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode,
-                                  length_penalty=length_penalty, forbid_unk=forbid_unk)
-        for record, per_image in zip(records, hyps):
-            best = per_image[0]
-            yield record, best, model.vocab.decode(best.tokens, keep_unk=True)
+
+    def __init__(self, records: Sequence, grid_hw: tuple[int, int], instances: str | None) -> None:
+        self.names = {obj["name"] for r in records for obj in r.objects}
+        self.coco = CocoInstanceRegions(instances) if instances else None
+        self.grid_hw = grid_hw
+        self.shares: list[float] = []
+        self.images = 0  # images with at least one referring word
+
+    def add(self, record: Any, words: list[str], alphas: np.ndarray, locations: list[int] | None) -> None:
+        if locations is not None:
+            alphas = cells_read(locations[: len(words)], alphas.shape[1])  # (n_words, L)
+        if record.objects:
+            shares = grounding_shares(words, alphas, self.grid_hw, record.objects, _image_size(record), self.names)
+        elif self.coco is not None and (coco_id := coco_image_id(record)) is not None:
+            shares = self.coco.shares(coco_id, words, alphas, self.grid_hw)
+        else:
+            return
+        self.images += bool(shares)
+        self.shares += shares
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.shares)) if self.shares else None
+
+
+def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: Any
+                  ) -> Iterator[tuple[Sequence, torch.Tensor]]:
+    """(records, prepared grid (B, L, D)) per batch: from the feature cache when given, else the images."""
+    from captioner.data.images import load_image
+
+    for start in range(0, len(records), batch_size):
+        batch = records[start : start + batch_size]
+        if cache is not None:
+            inputs = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).float()  # (B, L, D_backbone)
+        else:
+            inputs = torch.stack([model.transform(load_image(r.path)) for r in batch])  # (B, 3, S, S)
+        yield batch, model.grid_from(inputs.to(model.device), images=cache is None)
+        bar.update(len(batch))
 
 
 @torch.no_grad()
@@ -79,17 +107,14 @@ def evaluate_model(
 
     Grids come from ``cache`` (a FeatureCache of backbone grids) when given, else from the
     images through the model's encoder. Returns a dict with ``scores`` (0-100, None where a
-    metric is unavailable), ``grounding`` (None when no record has object regions), the
-    attention's sharpness (``alpha_max``, ``alpha_entropy``: see metrics.attention_sharpness), the
-    ``predictions`` per image id, the tokenizer the scores used and the decoding settings.
+    metric is unavailable), ``grounding`` (averaged over referring words; None when no record has
+    object regions), the attention's sharpness (``alpha_max``, ``alpha_entropy``: see
+    metrics.attention_sharpness), the ``predictions`` per image id, the tokenizer the scores used
+    and the decoding settings.
     """
-    from captioner.data.images import load_image
-
     model.eval()
-    device = model.device
-    coco_regions = CocoInstanceRegions(instances) if instances else None
+    grounding = _Grounding(records, model.grid_hw, instances)
     predictions: dict[str, str] = {}
-    per_image_grounding: list[float | None] = []
     word_alphas: list = []
     mode = model.decode_mode(attention_mode)
     max_length = model.max_length if max_length is None else max_length
@@ -97,42 +122,26 @@ def evaluate_model(
     tokenizer = resolve_tokenizer(tokenizer)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
-
-    def batches() -> Iterator[tuple[Sequence, torch.Tensor]]:
-        for start in range(0, len(records), batch_size):
-            batch = records[start : start + batch_size]
-            if cache is not None:
-                grid = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).to(device).float()
-                grid = model.prepare_grid(grid)  # (B, L, D)
-            else:
-                images = torch.stack([model.transform(load_image(r.path)) for r in batch]).to(device)
-                grid = model.encode(images)  # (B, L, D)
-            yield batch, grid
-            bar.update(len(batch))
-
-    for record, best, words in decode_batches(model, batches(), beam_size, max_length, mode,
-                                              length_penalty=length_penalty, forbid_unk=forbid_unk):
+    for record, best, words in decode_batches(model, _grid_batches(model, records, batch_size, cache, bar),
+                                              beam_size, max_length, mode, length_penalty=length_penalty,
+                                              forbid_unk=forbid_unk):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
         alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
         word_alphas.append(alphas)
-        if record.objects:
-            per_image_grounding.append(attention_grounding(words, alphas, model.grid_hw, record.objects,
-                                                           _image_size(record)))
-        elif coco_regions is not None and (coco_id := coco_image_id(record)) is not None:
-            per_image_grounding.append(coco_regions.grounding(coco_id, words, alphas, model.grid_hw))
+        grounding.add(record, words, alphas, best.locations)
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
                             **({"metrics": metrics} if metrics else {}))
-    grounded = [g for g in per_image_grounding if g is not None]
     return {
         "scores": scores,
         "tokenizer": tokenizer,
         **attention_sharpness(word_alphas),
-        "grounding": mean_grounding(per_image_grounding) if grounded else None,
-        "grounding_words_images": len(grounded),
+        "grounding": grounding.mean,
+        "grounding_words": len(grounding.shares),
+        "grounding_words_images": grounding.images,
         "n_images": len(records),
         "grids": "feature cache" if cache is not None else "images",
         "beam_size": beam_size,
@@ -150,7 +159,7 @@ def cached_grids(model, records: Sequence) -> Any:
     from captioner.data.features import cache_dir_for, open_complete_cache
 
     cfg = model.config
-    if cfg is None or cfg.model.encoder.finetune_blocks > 0 or not cfg.data.use_cache:
+    if not reads_cached_grids(cfg):
         return None
     fingerprint = model.encoder.fingerprint()
     return open_complete_cache(cache_dir_for(cfg.data, fingerprint), records, fingerprint)
@@ -188,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", default=None, choices=("train", "val", "test"),
                         help="default: the checkpoint's eval.split")
     parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
-    parser.add_argument("--attention-mode", choices=("expectation", "argmax", "sample"), default=None)
+    parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None)
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
     parser.add_argument("--max-length", type=int, default=None,
@@ -210,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
-    from captioner.models.captioner import load_captioner
 
     try:
         model = load_captioner(args.checkpoint, device=args.device)

@@ -12,7 +12,10 @@ the reference implementation as it is so numbers stay comparable with published 
 Attention grounding measures how much of a word's attention alpha_t (Eq. (4)-(5) of
 Xu et al.) falls on the object the word names: the attention mass on grid cells weighted
 by the share of each cell's image area that lies inside the object's region. It is the
-quantitative version of the paper's Fig. 2-3 and 5 overlays.
+quantitative version of the paper's Fig. 2-3 and 5 overlays. A data set's figure is the mean over
+every referring word of every caption (``grounding_shares``), not over images; a word that names an
+object kind the image does not show scores 0; in hard attention's argmax/sample decoding the word
+read one cell, and that cell is what is scored (``cells_read``).
 """
 
 from __future__ import annotations
@@ -263,26 +266,31 @@ def boxes_mask(boxes: Iterable[Sequence[float]], image_size: tuple[int, int]) ->
     return mask
 
 
-def attention_grounding(
+def grounding_shares(
     words: Sequence[str],
     alphas: Any,
     grid_hw: tuple[int, int],
     objects: Sequence[dict],
     image_size: tuple[int, int],
-) -> float | None:
-    """Mean share of attention inside the named object's region, over words that name one.
+    names: Iterable[str] | None = None,
+) -> list[float]:
+    """Per referring word, the share of its attention inside the region of the object it names.
 
     Args:
         words: the generated words.
-        alphas: (len(words), H*W) attention of the step that produced each word.
+        alphas: (len(words), H*W) attention of the step that produced each word (in hard attention's
+            argmax/sample modes, the one-hot of the cell actually read: see ``cells_read``).
         grid_hw: (H, W) of the attention grid.
         objects: dicts {"name": str, "box": [x0, y0, x1, y1]} in image pixels (x1, y1
             exclusive). A word refers to every object whose name equals it; its region is
             the union of their boxes.
         image_size: (W, H) of the image in pixels (PIL order).
+        names: every word that names an object kind in the data set (e.g. the shapes). A word among
+            them that names no object of this image is a wrong name and scores 0, so naming the wrong
+            object counts against the figure; None: only the image's own object names refer.
 
     Returns:
-        The mean over referring words (each in [0, 1]), or None when no word names an object.
+        One value in [0, 1] per referring word, in caption order (empty when no word refers).
     """
     H, W = grid_hw
     a = _as_numpy(alphas)
@@ -293,17 +301,37 @@ def attention_grounding(
     boxes_by_name: dict[str, list] = {}
     for obj in objects:
         boxes_by_name.setdefault(obj["name"], []).append(obj["box"])
+    kinds = set(boxes_by_name) | set(names or ())
     fractions: dict[str, np.ndarray] = {}  # one raster per named region, reused by repeated words
     shares = []
     for i, word in enumerate(words):
-        if word not in boxes_by_name:
+        if word not in kinds:
+            continue
+        if word not in boxes_by_name:  # names an object kind this image does not show
+            shares.append(0.0)
             continue
         if word not in fractions:
             fractions[word] = region_fraction(grid_hw, boxes_mask(boxes_by_name[word], image_size))
         if fractions[word].sum() == 0:  # every box lies outside the image: no known region
             continue
         shares.append(_share_inside(a[i], fractions[word]))
+    return shares
+
+
+def attention_grounding(words: Sequence[str], alphas: Any, grid_hw: tuple[int, int], objects: Sequence[dict],
+                        image_size: tuple[int, int], names: Iterable[str] | None = None) -> float | None:
+    """Mean share of attention inside the named object's region, over one caption's referring words
+    (see ``grounding_shares``); None when no word names an object."""
+    shares = grounding_shares(words, alphas, grid_hw, objects, image_size, names)
     return float(np.mean(shares)) if shares else None
+
+
+def cells_read(locations: Sequence[int], n_locations: int) -> np.ndarray:
+    """(n_words, L) one-hot rows of the grid cells hard attention read (argmax/sample decoding): what
+    grounding scores for such a decode, since the word saw that cell only, not the distribution alpha."""
+    read = np.zeros((len(locations), n_locations), dtype=np.float32)
+    read[np.arange(len(locations)), np.asarray(locations, dtype=np.int64)] = 1.0
+    return read
 
 
 def mean_grounding(values: Iterable[float | None]) -> float | None:
@@ -345,10 +373,18 @@ class CocoInstanceRegions:
 
     def grounding(self, coco_image_id: int, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int]
                   ) -> float | None:
-        """Mean share of attention inside the named category's masks, over words that name a category
-        present in the image; None when no word does (or the image is not in the file)."""
+        """Mean of ``shares`` over one caption's category words; None when no word names a category
+        (or the image is not in the file)."""
+        values = self.shares(coco_image_id, words, alphas, grid_hw)
+        return float(np.mean(values)) if values else None
+
+    def shares(self, coco_image_id: int, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int]
+               ) -> list[float]:
+        """Per word that names a COCO category, the share of its attention inside that category's masks
+        in the image; 0 when the image has no such object (a wrong name counts against it). Empty when
+        the image is not in the file."""
         if coco_image_id not in self.coco.imgs:
-            return None
+            return []
         alphas = _as_numpy(alphas)
         values = []
         for i, word in enumerate(words):
@@ -357,12 +393,13 @@ class CocoInstanceRegions:
                 continue
             anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[coco_image_id], catIds=[cat], iscrowd=None))
             if not anns:
+                values.append(0.0)
                 continue
             mask = np.zeros_like(self.coco.annToMask(anns[0]), dtype=bool)
             for ann in anns:
                 mask |= self.coco.annToMask(ann).astype(bool)
             values.append(grounding_from_mask(alphas[i], grid_hw, mask))
-        return float(np.mean(values)) if values else None
+        return values
 
 
 def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:

@@ -33,7 +33,7 @@ class SelfCritical:
     """
 
     def __init__(self, cfg: Config, model: nn.Module, train_set: Any, from_images: bool) -> None:
-        from captioner.models.captioner import decode_max_length
+        from captioner.api import decode_max_length
 
         s = cfg.train.scst
         vocab = model.vocab
@@ -48,7 +48,7 @@ class SelfCritical:
         self.sampling = {"start_id": vocab.start_id, "end_id": vocab.end_id,
                          "max_length": s.max_length or decode_max_length(cfg),
                          "forbid_ids": (vocab.unk_id,) if s.forbid_unk else ()}
-        self.sample_mode = "sample" if model.attention_kind == "hard" else "soft"
+        self.sample_mode = "sample" if model.decoder.stochastic else "soft"
         self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
         self.greedy_images = s.greedy_images
 
@@ -84,7 +84,7 @@ class SelfCritical:
         was_training = model.training
         model.eval()
         try:
-            grid = model.encode(inputs) if self.from_images else model.prepare_grid(inputs)  # (B, L, D)
+            grid = model.grid_from(inputs, self.from_images)  # (B, L, D)
             out = model.decoder.sample(grid, 1, greedy=True, attention_mode=self.greedy_mode, **self.sampling)
         finally:
             model.train(was_training)

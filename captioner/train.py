@@ -4,9 +4,12 @@ Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of capt
 soft attention by backpropagation (§4.2, Eq. 14), hard attention by REINFORCE with a moving
 baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12).
 
+- ``train()`` reads top to bottom: ``_set_up`` (data, model, optimizer; with ``--resume`` their saved
+  state), then per epoch ``_train_epoch`` and ``_end_epoch`` (validate, select, checkpoint).
 - Frozen encoder + ``data.use_cache``: backbone grids are extracted once into the feature cache
   and training reads them (no CNN in the loop: what makes CPU training fast). Fine-tuning
-  (``finetune_blocks > 0``) reads images on the fly with a separate ``encoder_lr`` group.
+  (``finetune_blocks > 0``) reads images on the fly with a separate ``encoder_lr`` group. The
+  datasets and loaders are captioner/train_data.py's.
 - Validation decodes greedily and scores BLEU-4 / CIDEr-D on the raw references; ``best.pt``
   follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
   validation loss is logged, never used to choose.
@@ -31,22 +34,25 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader
 
-from captioner.config import Config, ConfigError, add_config_arguments, config_to_dict, load_config, save_config
-from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset,
-                                     ImageRecord, build_vocab, collate_captions, load_records)
+from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
+                              save_config)
+from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions
 from captioner.data.vocab import Vocab
 from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
-from captioner.evaluate import decode_batches
-from captioner.losses import (LossOutput, hard_attention_loss, masked_cross_entropy, soft_attention_loss,
+from captioner.decode import decode_batches
+from captioner.train_data import epoch_loader, load_split_records, make_datasets
+from captioner.losses import (LossOutput, hard_attention_loss, sequence_cross_entropy, soft_attention_loss,
                               update_baseline)
+from captioner.optim import OPTIMIZERS, build_optimizer
+from captioner.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -55,83 +61,6 @@ log = logging.getLogger(__name__)
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
 METRICS_FILE = "metrics.jsonl"
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# --------------------------------------------------------------------------- data
-
-
-def _records(cfg: Config, split: str, rank: int, world: int) -> list[ImageRecord]:
-    # Rank 0 first: the shapes format generates its data on first use, which must happen once.
-    if rank == 0:
-        records = load_records(cfg.data, split)
-    barrier(world)
-    if rank != 0:
-        records = load_records(cfg.data, split)
-    return records
-
-
-def _feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord], rank: int, world: int) -> Any:
-    """Open the feature cache of this encoder, extracting it first when incomplete (rank 0 only)."""
-    from captioner.data.features import FeatureCache, cache_dir_for, extract_features, open_complete_cache
-
-    fingerprint = model.encoder.fingerprint()
-    directory = cache_dir_for(cfg.data, fingerprint)
-    if rank == 0 and open_complete_cache(directory, records, fingerprint) is None:
-        log.info("extracting encoder grids for %d images into %s", len(records), directory)
-        extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
-                         num_workers=cfg.data.num_workers, max_failure_share=cfg.data.max_failure_share,
-                         progress=True)
-    barrier(world)
-    return FeatureCache.open(directory, expected_fingerprint=fingerprint)
-
-
-def _drop_uncached(records: list[ImageRecord], cache: Any, split: str) -> list[ImageRecord]:
-    kept = [r for r in records if r.image_id in cache]
-    if len(kept) < len(records):
-        log.warning("%s: %d of %d images have no cached grid (unreadable at extraction) and are skipped",
-                    split, len(records) - len(kept), len(records))
-    if not kept:
-        raise DataError(f"{split}: no image has a cached grid")
-    return kept
-
-
-def _make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: list[ImageRecord],
-                   val_records: list[ImageRecord], from_images: bool, rank: int, world: int
-                   ) -> tuple[CaptionDataset, CaptionDataset, CaptionDataset]:
-    """(train per caption, or per image for SCST; val per caption for the loss; val per image for decoding)."""
-    max_length = cfg.data.max_length
-    if from_images:
-        def make(records, per_image):
-            return ImageCaptionDataset(records, vocab, max_length, transform=model.transform, per_image=per_image)
-    else:
-        cache = _feature_cache(cfg, model, train_records + val_records, rank, world)
-        train_records = _drop_uncached(train_records, cache, "train")
-        val_records = _drop_uncached(val_records, cache, "val")
-
-        def make(records, per_image):
-            return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
-    train_set = make(train_records, cfg.train.objective == "scst")
-    if train_set.n_truncated:
-        log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
-                 train_set.n_truncated, len(train_set), max_length)
-    return train_set, make(val_records, False), make(val_records, True)
-
-
-def _loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int, rank: int, world: int,
-            shuffle: bool, num_workers: int, pin_memory: bool) -> DataLoader:
-    """The order of epoch ``epoch`` depends only on (seed, epoch): what makes resume exact."""
-    generator = torch.Generator().manual_seed(seed + epoch)
-    if world > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
-        sampler.set_epoch(epoch)
-    elif shuffle:
-        sampler = RandomSampler(dataset, generator=generator)
-    else:
-        sampler = None
-    # generator= also feeds the loader's worker base seed, which would otherwise draw on the global RNG.
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate_captions,
-                      num_workers=num_workers, pin_memory=pin_memory, generator=generator,
-                      persistent_workers=False)
 
 
 # --------------------------------------------------------------------------- model step
@@ -151,7 +80,7 @@ class _TrainForward(nn.Module):
                 sample: dict | None = None):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST)."""
-        grid = self.model.encode(inputs) if self.from_images else self.model.prepare_grid(inputs)  # (B, L, D)
+        grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
         if sample is not None:
             return self.model.decoder.sample(grid, **sample)
         return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
@@ -183,7 +112,12 @@ def _bare(forward: nn.Module) -> nn.Module:
 
 
 def _require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str) -> None:
-    """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's."""
+    """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's
+    (read as a config first, so a key stored under its old name compares under its new one)."""
+    try:
+        saved_config = config_to_dict(config_from_dict(saved_config))
+    except ConfigError:
+        pass  # compared as stored: it differs, and the message says which section
     for section in ("data", "model"):
         if saved_config.get(section) != config_to_dict(cfg)[section]:
             raise ConfigError(f"{what}: the config's {section!r} section differs from the checkpoint's; {advice}")
@@ -210,13 +144,9 @@ def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     groups = [{"params": head, "lr": t.lr}]
     if encoder_ids:
         groups.append({"params": [p for p in model.parameters() if id(p) in encoder_ids], "lr": t.encoder_lr})
-    optimizers = {
-        "adam": lambda: torch.optim.Adam(groups, lr=t.lr, weight_decay=t.weight_decay),
-        "rmsprop": lambda: torch.optim.RMSprop(groups, lr=t.lr, weight_decay=t.weight_decay),
-    }
-    if t.optimizer not in optimizers:
-        raise ConfigError(f"train.optimizer: unknown {t.optimizer!r}; valid: {', '.join(optimizers)}")
-    return optimizers[t.optimizer]()
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer: unknown {t.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    return build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)  # Adam fused where it exists
 
 
 def _build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
@@ -263,22 +193,21 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
     was_training = model.training
     model.eval()
-    prepare = model.encode if from_images else model.prepare_grid
     mode = model.decode_mode(cfg.eval.attention_mode)
     try:
         total, count = 0.0, 0
         for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
             batch = batch.to(device)
             with amp():
-                out = model(prepare(batch.inputs), batch.captions, batch.lengths, attention_mode=mode)
+                out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths, attention_mode=mode)
             n = int(out.mask.sum())
-            total += float(masked_cross_entropy(out.logits, batch.captions[:, 1:], out.mask)) * n
+            total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
             count += n
 
         def batches():
             for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
                 with amp():
-                    grid = prepare(batch.inputs.to(device))  # (B, L, D)
+                    grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
         predictions, word_alphas = {}, []
@@ -380,34 +309,81 @@ def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progres
     return res
 
 
-def train(cfg: Config, resume: str | None = None) -> Path:
-    """Train per ``cfg``; with ``resume`` (a run directory or checkpoint file) continue exactly where
-    its ``last.pt`` stopped. Returns the run directory (best.pt, last.pt, config.yaml, vocab.json,
-    metrics.jsonl)."""
-    from tqdm import tqdm
+@dataclass
+class _Run:
+    """One training run as ``_set_up`` builds (or resumes) it: what every epoch reads and updates."""
 
-    from captioner.checkpoint import load_checkpoint, save_checkpoint
-    from captioner.models.captioner import build_model
+    cfg: Config
+    run_dir: Path
+    rank: int
+    world: int
+    device: torch.device
+    vocab: Vocab
+    model: nn.Module
+    from_images: bool  # batches carry images (the encoder runs) rather than cached backbone grids
+    train_set: CaptionDataset
+    val_loss_set: CaptionDataset
+    val_decode_set: CaptionDataset
+    scst: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    progress: Progress
+    started: float  # time.monotonic() at the start, moved back by the run's earlier sessions
+    forward: nn.Module | None = None  # _TrainForward, DDP-wrapped when world > 1
+    scaler: Any = None
+    amp: Callable[[], ContextManager] = nullcontext
+    writer: Any = None
 
-    started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def hard(self) -> bool:
+        return self.model.decoder.stochastic
+
+
+@dataclass
+class _EpochStats:
+    """What one epoch of training leaves for its end-of-epoch entry."""
+
+    sums: dict[str, torch.Tensor]  # summed loss parts over the steps taken
+    n_steps: int
+    skipped: int
+    lr: float  # the learning rate this epoch trained with (the scheduler has stepped since)
+    start: float  # time.monotonic() when the epoch began
+    train_time: float
+    items: int  # examples this rank saw
+
+
+def _resume_payload(cfg: Config, resume: str | None) -> dict | None:
+    """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config."""
+    from captioner.checkpoint import load_checkpoint
+
+    if resume is None:
+        return None
+    resume_path = Path(resume)
+    ckpt_file = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+    payload = load_checkpoint(ckpt_file)
+    cfg.train.run_dir = str(ckpt_file.parent)
+    _require_same_sections(payload["config"], cfg, f"--resume {resume}",
+                           "resume with the run's own config.yaml (only train.* may change)")
+    _check_resumed_schedule(payload["config"].get("train", {}), cfg.train, resume)
+    return payload
+
+
+def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
+    """Data, vocabulary, model, datasets, optimizer and schedule; with ``resume`` their saved state."""
+    from captioner.api import build_model, reads_cached_grids
+    from captioner.checkpoint import load_checkpoint
+
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
     rank, world, device = setup_distributed(t.device)
-    is_main = rank == 0
-    payload = None
-    if resume is not None:
-        resume_path = Path(resume)
-        ckpt_file = resume_path / "last.pt" if resume_path.is_dir() else resume_path
-        payload = load_checkpoint(ckpt_file)
-        t.run_dir = str(ckpt_file.parent)
-        _require_same_sections(payload["config"], cfg, f"--resume {resume}",
-                               "resume with the run's own config.yaml (only train.* may change)")
-        _check_resumed_schedule(payload["config"].get("train", {}), t, resume)
-    run_dir = Path(t.run_dir)
-
-    train_records = _records(cfg, "train", rank, world)
-    val_records = _records(cfg, "val", rank, world)
+    payload = _resume_payload(cfg, resume)
+    train_records = load_split_records(cfg, "train", rank, world)
+    val_records = load_split_records(cfg, "val", rank, world)
     if t.val_max_images:
         val_records = val_records[: t.val_max_images]
     init = load_checkpoint(t.init) if t.init and payload is None else None  # a run directory: its best.pt
@@ -418,11 +394,10 @@ def train(cfg: Config, resume: str | None = None) -> Path:
 
     seed_everything(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, vocab).to(device)
-    hard = model.attention_kind == "hard"
-    from_images = cfg.model.encoder.finetune_blocks > 0 or not cfg.data.use_cache
+    from_images = not reads_cached_grids(cfg)
     if init is not None:
         _init_weights(cfg, model, init)
-    train_set, val_loss_set, val_decode_set = _make_datasets(cfg, model, vocab, train_records, val_records,
+    train_set, val_loss_set, val_decode_set = make_datasets(cfg, model, vocab, train_records, val_records,
                                                              from_images, rank, world)
     scst = None
     if t.objective == "scst":
@@ -430,135 +405,193 @@ def train(cfg: Config, resume: str | None = None) -> Path:
 
         scst = SelfCritical(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
-    scheduler = _build_scheduler(cfg, optimizer)
-    progress = Progress(best={"metric": t.val_metric, "value": None, "epoch": 0})
+    run = _Run(cfg, Path(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
+               val_decode_set, scst, optimizer, _build_scheduler(cfg, optimizer),
+               Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}), started)
     # The training stream starts here, so it does not depend on whether feature extraction (which
     # draws on the global RNG) just ran; each rank gets its own dropout masks and attention samples.
     seed_everything(t.seed + rank)
     if payload is not None:
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
-        scheduler.load_state_dict(payload["scheduler"])
-        progress = Progress.from_payload(payload)
-        started -= progress.elapsed_s  # the time budget counts the run's earlier sessions too
-        rng_states = payload["rng"]["ranks"]
-        set_rng_state(rng_states[rank] if rank < len(rng_states) else rng_states[0])  # last: nothing draws after
-        log.info("resuming %s after epoch %d (step %d)", run_dir, progress.epoch, progress.step)
+        _restore(run, payload)
+    _open_run_dir(run)
+    _prepare_steps(run)
+    return run
 
-    metrics_path = run_dir / METRICS_FILE
-    writer = None
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        vocab.save(run_dir / "vocab.json")
-        # The checkpoint's history is the log's source of truth: a resumed run rewrites the log from
-        # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
-        # duplicated, and an epoch checkpointed but not yet logged is not lost.
-        _write_metrics(metrics_path, progress.history)
-        from captioner.tblog import open_tensorboard
 
-        writer = open_tensorboard(run_dir, t.tensorboard)
+def _restore(run: _Run, payload: dict) -> None:
+    """Weights, optimizer, schedule, progress and this rank's RNG streams from ``last.pt``."""
+    run.model.load_state_dict(payload["model"])
+    run.optimizer.load_state_dict(payload["optimizer"])
+    run.scheduler.load_state_dict(payload["scheduler"])
+    run.progress = Progress.from_payload(payload)
+    run.started -= run.progress.elapsed_s  # the time budget counts the run's earlier sessions too
+    rng_states = payload["rng"]["ranks"]
+    set_rng_state(rng_states[run.rank] if run.rank < len(rng_states) else rng_states[0])  # last: nothing draws after
+    log.info("resuming %s after epoch %d (step %d)", run.run_dir, run.progress.epoch, run.progress.step)
 
-    forward: nn.Module = _TrainForward(model, from_images)
-    if world > 1:
-        forward = nn.parallel.DistributedDataParallel(
-            forward, device_ids=[device.index] if device.type == "cuda" else None,
+
+def _open_run_dir(run: _Run) -> None:
+    """Rank 0 writes config.yaml, vocab.json and the metrics log, and opens TensorBoard."""
+    if not run.is_main:
+        return
+    from captioner.tblog import open_tensorboard
+
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(run.cfg, run.run_dir / "config.yaml")
+    run.vocab.save(run.run_dir / "vocab.json")
+    # The checkpoint's history is the log's source of truth: a resumed run rewrites the log from
+    # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
+    # duplicated, and an epoch checkpointed but not yet logged is not lost.
+    _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
+    run.writer = open_tensorboard(run.run_dir, run.cfg.train.tensorboard)
+
+
+def _prepare_steps(run: _Run) -> None:
+    """The forward that steps call (DDP-wrapped across processes), mixed precision and its scaler."""
+    t, device = run.cfg.train, run.device
+    run.forward = _TrainForward(run.model, run.from_images)
+    if run.world > 1:
+        run.forward = nn.parallel.DistributedDataParallel(
+            run.forward, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=True)  # some attention variants leave parameters out of a step
     use_amp = device.type == "cuda" and t.amp != "none"
     if t.amp != "none" and not use_amp:
         log.warning("train.amp=%s ignored: mixed precision runs on CUDA only", t.amp)
+    if use_amp:
+        run.amp = lambda: torch.autocast("cuda", dtype=AMP_DTYPES[t.amp])
+    run.scaler = torch.amp.GradScaler("cuda", enabled=use_amp and t.amp == "fp16")
 
-    def amp():
-        return torch.autocast("cuda", dtype=AMP_DTYPES[t.amp]) if use_amp else nullcontext()
 
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and t.amp == "fp16")
-    num_workers = cfg.data.num_workers if from_images else 0  # cached grids: workers cost more than they save
+def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
+    """One pass over the training set (steps, running means on the bar and TensorBoard), then the schedule's step."""
+    from tqdm import tqdm
 
-    for epoch in range(progress.epoch, t.epochs):
-        model.train()
-        loader = _loader(train_set, t.batch_size, epoch, t.seed, rank, world, shuffle=True,
-                         num_workers=num_workers, pin_memory=device.type == "cuda")
-        sums: dict[str, torch.Tensor] = {}
-        n_steps, skipped = 0, 0
-        epoch_start = time.monotonic()
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not is_main, mininterval=1.0,
-                   dynamic_ncols=True, leave=False)
-        for batch in bar:
-            res = _train_step(forward, batch.to(device), cfg, hard, progress, optimizer, scaler, amp, world, scst)
-            if res is None:
-                skipped += 1
-                continue
-            n_steps += 1
-            for name, value in {**res.parts, "loss": res.loss.detach()}.items():
-                sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
-            if is_main and n_steps % t.log_every == 0:
-                bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
-                                 if k in ("loss", "xe", "reward")})
-                if writer is not None:
-                    writer.step({**res.parts, "loss": res.loss.detach()}, optimizer.param_groups[0]["lr"],
+    t, model, progress = run.cfg.train, run.model, run.progress
+    model.train()
+    num_workers = run.cfg.data.num_workers if run.from_images else 0  # cached grids: workers cost more than they save
+    loader = epoch_loader(run.train_set, t.batch_size, epoch, t.seed, run.rank, run.world, shuffle=True,
+                     num_workers=num_workers, pin_memory=run.device.type == "cuda")
+    sums: dict[str, torch.Tensor] = {}
+    n_steps, skipped = 0, 0
+    epoch_start = time.monotonic()
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not run.is_main, mininterval=1.0,
+               dynamic_ncols=True, leave=False)
+    for batch in bar:
+        res = _train_step(run.forward, batch.to(run.device), run.cfg, run.hard, progress, run.optimizer,
+                          run.scaler, run.amp, run.world, run.scst)
+        if res is None:
+            skipped += 1
+            continue
+        n_steps += 1
+        for name, value in {**res.parts, "loss": res.loss.detach()}.items():
+            sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
+        if run.is_main and n_steps % t.log_every == 0:
+            bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
+                             if k in ("loss", "xe", "reward")})
+            if run.writer is not None:
+                run.writer.step({**res.parts, "loss": res.loss.detach()}, run.optimizer.param_groups[0]["lr"],
                                 progress.step)
-        bar.close()
-        trained_lr = optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
-        scheduler.step()
-        train_time = time.monotonic() - epoch_start
-        progress.epoch = epoch + 1
+    bar.close()
+    trained_lr = run.optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
+    run.scheduler.step()
+    train_time = time.monotonic() - epoch_start
+    progress.epoch = epoch + 1
+    return _EpochStats(sums, n_steps, skipped, trained_lr, epoch_start, train_time, len(loader.sampler))
 
-        # Rank 0 validates on the bare model (no collectives inside) while the others wait.
-        improved = stop = False
-        if is_main:
-            entry: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step}
-            entry.update({f"train_{k}": float(v) / max(n_steps, 1) for k, v in sums.items()})
-            entry.update({"skipped_steps": skipped, "baseline": progress.baseline,
-                          "lr": trained_lr})
-            if scst is not None:
-                entry["train_greedy_reward"] = scst.greedy_reward_on(model, train_set, device, cfg.eval.batch_size)
-            entry.update(validate(model, cfg, val_loss_set, val_decode_set, device, from_images, amp))
-            entry.update({"train_time_s": round(train_time, 2), "time_s": round(time.monotonic() - epoch_start, 2),
-                          "items_per_s": round(len(loader.sampler) / max(train_time, 1e-9), 1)})
-            progress.history.append(entry)
-            value = entry.get(t.val_metric)
-            if value is None:
-                raise TrainingError(
-                    f"validation produced no {t.val_metric} score (epoch {epoch + 1}), so no checkpoint can be "
-                    f"chosen by train.val_metric={t.val_metric}" + (" (METEOR needs Java on PATH)"
-                                                                     if t.val_metric == "METEOR" else ""))
-            improved = value is not None and (progress.best["value"] is None or value > progress.best["value"])
-            if improved:
-                progress.best = {"metric": t.val_metric, "value": value, "epoch": epoch + 1}
-                progress.bad_epochs = 0
-            else:
-                progress.bad_epochs += 1
-            stop = progress.bad_epochs >= t.patience or _out_of_time(t.time_budget_s, time.monotonic() - started,
-                                                                      time.monotonic() - epoch_start)
-            if writer is not None:
-                writer.epoch(entry, epoch + 1)
-                writer.images(model, val_decode_set.records[: t.tensorboard_images], epoch + 1)
-        rng = gather_rng_states(world)  # a collective: every rank, every epoch
-        if is_main:
-            if not _all_finite(model):  # belt and braces: skipped steps should make this impossible
-                raise TrainingError(f"non-finite weights after epoch {epoch + 1}; not saving them")
-            progress.elapsed_s = time.monotonic() - started
-            ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": {"ranks": rng}, "config": config_to_dict(cfg),
-                    "vocab": vocab.to_dict(), **progress.payload()}
-            save_checkpoint(run_dir / "last.pt", ckpt)
-            if improved:
-                save_checkpoint(run_dir / "best.pt", ckpt)
-            _write_metrics(metrics_path, progress.history)
-            print(_summary(entry, t.val_metric, improved), flush=True)
-        if broadcast_flag(stop, world, device):
-            if is_main:
-                log.info("stopping after epoch %d (%s)", epoch + 1,
-                         "patience" if progress.bad_epochs >= t.patience else "time budget")
+
+def _epoch_entry(run: _Run, epoch: int, stats: _EpochStats) -> dict[str, Any]:
+    """The metrics log's line for this epoch: training means, validation scores, timings."""
+    entry: dict[str, Any] = {"epoch": epoch + 1, "step": run.progress.step}
+    entry.update({f"train_{k}": float(v) / max(stats.n_steps, 1) for k, v in stats.sums.items()})
+    entry.update({"skipped_steps": stats.skipped, "baseline": run.progress.baseline, "lr": stats.lr})
+    if run.scst is not None:
+        entry["train_greedy_reward"] = run.scst.greedy_reward_on(run.model, run.train_set, run.device,
+                                                                 run.cfg.eval.batch_size)
+    entry.update(validate(run.model, run.cfg, run.val_loss_set, run.val_decode_set, run.device, run.from_images,
+                          run.amp))
+    entry.update({"train_time_s": round(stats.train_time, 2), "time_s": round(time.monotonic() - stats.start, 2),
+                  "items_per_s": round(stats.items / max(stats.train_time, 1e-9), 1)})
+    return entry
+
+
+def _select(run: _Run, entry: dict[str, Any], epoch: int, stats: _EpochStats) -> tuple[bool, bool]:
+    """Record the entry; (whether it is the best so far by ``train.val_metric``, whether to stop)."""
+    t, progress = run.cfg.train, run.progress
+    progress.history.append(entry)
+    value = entry.get(t.val_metric)
+    if value is None:
+        raise TrainingError(
+            f"validation produced no {t.val_metric} score (epoch {epoch + 1}), so no checkpoint can be "
+            f"chosen by train.val_metric={t.val_metric}" + (" (METEOR needs Java on PATH)"
+                                                             if t.val_metric == "METEOR" else ""))
+    improved = progress.best["value"] is None or value > progress.best["value"]
+    if improved:
+        progress.best = {"metric": t.val_metric, "value": value, "epoch": epoch + 1}
+        progress.bad_epochs = 0
+    else:
+        progress.bad_epochs += 1
+    stop = progress.bad_epochs >= t.patience or _out_of_time(t.time_budget_s, time.monotonic() - run.started,
+                                                              time.monotonic() - stats.start)
+    return improved, stop
+
+
+def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
+    """last.pt (everything an exact resume needs), best.pt when improved, the metrics log, a summary line."""
+    from captioner.checkpoint import save_checkpoint
+
+    if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
+        raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
+    run.progress.elapsed_s = time.monotonic() - run.started
+    ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(), "rng": {"ranks": rng}, "config": config_to_dict(run.cfg),
+            "vocab": run.vocab.to_dict(), **run.progress.payload()}
+    save_checkpoint(run.run_dir / "last.pt", ckpt)
+    if improved:
+        save_checkpoint(run.run_dir / "best.pt", ckpt)
+    _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
+    print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
+
+
+def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
+    """Validate, select and checkpoint (rank 0, on the bare model: no collectives inside, the other
+    ranks wait); returns whether every rank stops here (patience or the time budget)."""
+    improved = stop = False
+    entry: dict[str, Any] = {}
+    if run.is_main:
+        entry = _epoch_entry(run, epoch, stats)
+        improved, stop = _select(run, entry, epoch, stats)
+        if run.writer is not None:
+            run.writer.epoch(entry, epoch + 1)
+            run.writer.images(run.model, run.val_decode_set.records[: run.cfg.train.tensorboard_images], epoch + 1)
+    rng = gather_rng_states(run.world)  # a collective: every rank, every epoch
+    if run.is_main:
+        _save(run, entry, rng, improved)
+    if not broadcast_flag(stop, run.world, run.device):
+        return False
+    if run.is_main:
+        log.info("stopping after epoch %d (%s)", epoch + 1,
+                 "patience" if run.progress.bad_epochs >= run.cfg.train.patience else "time budget")
+    return True
+
+
+def train(cfg: Config, resume: str | None = None) -> Path:
+    """Train per ``cfg``; with ``resume`` (a run directory or checkpoint file) continue exactly where
+    its ``last.pt`` stopped. Returns the run directory (best.pt, last.pt, config.yaml, vocab.json,
+    metrics.jsonl)."""
+    started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
+    keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
+    run = _set_up(cfg, resume, started)
+    for epoch in range(run.progress.epoch, cfg.train.epochs):
+        stats = _train_epoch(run, epoch)
+        if _end_epoch(run, epoch, stats):
             break
-
     if os.environ.get(WEIGHTS_HASH_ENV):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / f"weights-rank{rank}.sha256").write_text(_weights_hash(model) + "\n")
-    if writer is not None:
-        writer.close()
-    barrier(world)
-    return run_dir
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / f"weights-rank{run.rank}.sha256").write_text(_weights_hash(run.model) + "\n")
+    if run.writer is not None:
+        run.writer.close()
+    barrier(run.world)
+    return run.run_dir
 
 
 # What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value

@@ -85,7 +85,7 @@ def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPE
     from safetensors.torch import save_file
 
     from captioner.config import config_to_dict
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     from captioner.checkpoint import load_checkpoint
 
@@ -124,7 +124,7 @@ def load_shipped(name: str | None = None, device: str = "cpu", directory: Path |
     from captioner.checkpoint import check_state_dict
     from captioner.config import config_from_dict
     from captioner.data.vocab import Vocab
-    from captioner.models.captioner import build_model
+    from captioner.api import build_model
 
     if directory is None:
         name = resolve_name(name)

@@ -130,7 +130,7 @@ FLICKR8K_LENGTHS = {2: 15, 3: 126, 4: 346, 5: 862, 6: 1958, 7: 2537, 8: 2929, 9:
                     21: 136, 22: 110, 23: 74, 24: 52, 25: 33, 26: 20, 27: 11, 28: 7, 29: 9, 30: 11}
 # Shared by both configurations (the sizes); --quick replaces them with tiny ones for tests.
 SIZES = dict(batch=32, embed_dim=512, attention_dim=512, hidden_dim=512, vocab=10_000, tokens=22,
-             decode_length=20, train_steps=4, warmup_steps=1, decode_repeats=2)
+             decode_length=20, train_steps=8, warmup_steps=3, decode_repeats=3)
 QUICK = dict(batch=4, embed_dim=16, attention_dim=16, hidden_dim=16, vocab=50, tokens=6,
              decode_length=4, train_steps=2, warmup_steps=1, decode_repeats=1, grid=2, feature_dim=24)
 

@@ -23,7 +23,7 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     from captioner.checkpoint import save_checkpoint
     from captioner.config import config_to_dict, load_config
     from captioner.data.vocab import Vocab
-    from captioner.models.captioner import build_model
+    from captioner.api import build_model
 
     torch.manual_seed(0)
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")

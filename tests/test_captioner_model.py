@@ -5,7 +5,8 @@ import torch
 
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.models.captioner import GridPositionEmbedding, build_model
+from captioner.api import build_model
+from captioner.models.captioner import GridPositionEmbedding
 
 SMOKE = "configs/smoke.yaml"
 
@@ -98,7 +99,7 @@ def test_hard_beam_search_and_caption_carry_locations(vocab):
 
 
 def _crafted_step(end_first: float, word_first: float, end_after: float, word_after: float = -50.0):
-    """A step function for model.decoder.step: from <start>, <end> costs ``end_first`` and the word
+    """A step function for model.decoder.step_with_location (what generate() calls): from <start>, <end> costs ``end_first`` and the word
     "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a" ``word_after``;
     everything else is (nearly) impossible."""
 
@@ -111,7 +112,7 @@ def _crafted_step(end_first: float, word_first: float, end_after: float, word_af
         log_probs[~at_start, 2] = end_after
         log_probs[~at_start, 4] = word_after
         L = state[-1].shape[1] if state[-1].dim() > 2 else 4
-        return log_probs, torch.full((N, L), 1.0 / L), state
+        return log_probs, torch.full((N, L), 1.0 / L), None, state  # no cell read: soft attention
 
     return step
 
@@ -123,10 +124,10 @@ def _tiny_vocab():
 @pytest.mark.parametrize("length_penalty, expected", [(0.0, []), (1.0, ["a"])])
 def test_eval_length_penalty_reaches_generate_and_the_decode_loop(length_penalty, expected, monkeypatch):
     """Raw scores: "<end>" -1.0 beats "a <end>" -1.2; per word (penalty 1) -0.6 beats -1.0."""
-    from captioner.evaluate import decode_batches
+    from captioner.decode import decode_batches
 
     model = build_model(load_config(SMOKE, [f"eval.length_penalty={length_penalty}"]), _tiny_vocab()).eval()
-    monkeypatch.setattr(model.decoder, "step", _crafted_step(-1.0, -0.6, -0.6))
+    monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-1.0, -0.6, -0.6))
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
     hyps = model.generate(grid, beam_size=3)
@@ -144,7 +145,7 @@ def test_eval_length_penalty_reaches_generate_and_the_decode_loop(length_penalty
 def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
     model = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=0"]), _tiny_vocab()).eval()
     assert model.max_length == 7
-    monkeypatch.setattr(model.decoder, "step", _crafted_step(-5.0, -0.1, -5.0, -0.1))
+    monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-5.0, -0.1, -5.0, -0.1))
     # The crafted model prefers "a" to <end> at every step: the caption uses the whole allowance.
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))

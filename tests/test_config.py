@@ -133,3 +133,37 @@ def test_config_show_prints_every_key_resolved(capsys):
     assert cli_main(["config", "list"]) == 0
     assert "flickr8k_soft" in capsys.readouterr().out
     assert cli_main(["config", "show", "nope"]) == 1
+
+
+def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_still_reads(tmp_path):
+    import inspect
+
+    from captioner.models.decoder import ShowAttendTellDecoder
+
+    assert "attention" in inspect.signature(ShowAttendTellDecoder).parameters
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  attention:\n    kind: hard\n")
+    assert load_config(old).model.attention.attention == "hard"  # a file (or stored config) with the old key
+    assert load_config(old, ["model.attention.attention=soft"]).model.attention.attention == "soft"
+    assert load_config(None, ["model.attention.kind=hard"]).model.attention.attention == "hard"
+    saved = tmp_path / "saved.yaml"
+    save_config(load_config(old), saved)
+    assert "attention: hard" in saved.read_text() and "kind" not in saved.read_text()
+    both = tmp_path / "both.yaml"
+    both.write_text("model:\n  attention:\n    kind: hard\n    attention: soft\n")
+    with pytest.raises(ConfigError, match="model.attention.kind is the old name of model.attention.attention"):
+        load_config(both)
+
+
+def test_choices_are_the_model_code_tables():
+    from captioner.config import CHOICES
+    from captioner.models.attention import ATTENTIONS
+    from captioner.models.decoder import GATES
+    from captioner.models.scorers import SCORERS
+
+    assert set(CHOICES["model.attention.scorer"]) == set(SCORERS)
+    assert set(CHOICES["model.attention.attention"]) == set(ATTENTIONS)
+    assert set(CHOICES["model.decoder.gate"]) == set(GATES)
+    from captioner.data.datasets import LOADERS
+
+    assert set(CHOICES["data.format"]) == set(LOADERS)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from captioner import extract
 from captioner.data import features as feat
 from captioner.data.features import FeatureCache, FeatureCacheError, cache_dir_for, extract_features
 from captioner.data.images import load_image
@@ -206,13 +207,13 @@ def test_extract_command(tmp_path, monkeypatch, capsys):
     records = {"train": make_images(tmp_path / "images", 3), "val": [], "test": []}
     monkeypatch.setattr(datasets, "load_records", lambda data, split: records[split])
     argv = _extract_argv(tmp_path)
-    assert feat.main(argv) == 0
+    assert extract.main(argv) == 0
     out = capsys.readouterr().out
     assert "images/s" in out and "3 grids cached" in out
     (directory,) = (tmp_path / "features").iterdir()
     index = json.loads((directory / "index.json").read_text())
     assert index["grid_hw"] == [4, 4] and index["dim"] == 40 and set(index["rows"]) == {"id0", "id1", "id2"}
-    assert feat.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 1
+    assert extract.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 1
     assert "cannot be cached" in capsys.readouterr().err
 
 
@@ -230,8 +231,8 @@ def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path,
 
     monkeypatch.setattr(datasets, "load_records", load_records)
     argv = _extract_argv(tmp_path)
-    assert feat.main(argv) == 0
+    assert extract.main(argv) == 0
     out = capsys.readouterr().out
     assert "skipping split 'test'" in out and "2 grids cached" in out
-    assert feat.main(argv + ["--splits", "train,test"]) == 1
+    assert extract.main(argv + ["--splits", "train,test"]) == 1
     assert "split 'test' has no images" in capsys.readouterr().err

@@ -452,7 +452,7 @@ def test_override_values_as_typed_on_a_command_line(text, expected):
 
 def test_load_captioner_round_trip_is_bit_exact(smoke_checkpoint):
     from captioner.checkpoint import load_checkpoint
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     saved = load_checkpoint(smoke_checkpoint / "best.pt")["model"]
     loaded = load_captioner(smoke_checkpoint).state_dict()
@@ -481,7 +481,7 @@ def _damage(src: Path, dst: Path, how: str, marker: Path) -> None:
 def test_load_captioner_and_cli_refuse_damaged_checkpoints(smoke_checkpoint, tmp_path, capsys, how):
     from captioner.checkpoint import CheckpointError
     from captioner.cli import main
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     bad, marker = tmp_path / "bad.pt", tmp_path / "pwned"
     _damage(smoke_checkpoint / "best.pt", bad, how, marker)
@@ -497,7 +497,7 @@ def test_load_captioner_and_cli_refuse_damaged_checkpoints(smoke_checkpoint, tmp
 
 def test_vocabulary_that_does_not_fit_the_weights_names_the_key(smoke_checkpoint, tmp_path):
     from captioner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     payload = load_checkpoint(smoke_checkpoint / "best.pt")
     V = len(payload["vocab"]["words"])
@@ -512,7 +512,7 @@ def test_vocabulary_that_does_not_fit_the_weights_names_the_key(smoke_checkpoint
 @pytest.mark.parametrize("entry", ["vocab", "config"])
 def test_broken_vocab_or_config_entry_names_the_checkpoint(smoke_checkpoint, tmp_path, entry):
     from captioner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from captioner.models.captioner import load_captioner
+    from captioner.api import load_captioner
 
     payload = load_checkpoint(smoke_checkpoint / "best.pt")
     if entry == "vocab":

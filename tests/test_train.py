@@ -58,7 +58,9 @@ def test_smoke_run_writes_run_dir_and_loss_falls(data_root, tmp_path, fake_score
         assert (run_dir / name).is_file(), name
     log = _metrics(run_dir)
     assert [e["epoch"] for e in log] == [1, 2, 3]
-    assert log[-1]["train_loss"] < log[0]["train_loss"]
+    # The cross-entropy falls (3.50, 3.16, 2.94); the total loss of hard attention also carries the
+    # REINFORCE surrogate, which need not fall (6.97, 6.08, 7.08 since the decoder's fast paths).
+    assert log[-1]["train_xe"] < log[0]["train_xe"] - 0.2
     assert {"train_xe", "train_alpha_penalty", "val_loss", "BLEU-4", "CIDEr-D", "time_s", "step"} <= set(log[0])
     assert len(fake_scores) == 3 and len(fake_scores[0]) == 6  # every val image decoded each epoch
     payload = load_checkpoint(run_dir / "last.pt")  # weights_only load
@@ -151,11 +153,20 @@ def test_time_budget_stops_before_an_epoch_that_would_not_fit():
     assert not _out_of_time(0, elapsed_s=1e9, last_epoch_s=1e9)  # 0 = no budget
 
 
-def test_validation_decodes_for_real(data_root, tmp_path, monkeypatch):
+def test_validation_decodes_for_real_and_training_improves_it(data_root, tmp_path, monkeypatch):
+    """Real decoding and scoring every epoch, and five epochs on the smoke data make the captions
+    measurably better. Measured: val loss 2.97 -> 2.09 and CIDEr-D 2.7 -> 40.1 / 39.1 in epochs 4-5
+    (30.6 / 48.6 before the decoder's fast paths changed the float rounding): the thresholds leave
+    room for such drift, not for a loop that stopped learning."""
     pytest.importorskip("captioner.metrics")
-    run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "train.val_max_images=4"))
-    (entry,) = _metrics(run)
-    assert 0.0 <= entry["BLEU-4"] <= 100.0 and entry["CIDEr-D"] >= 0.0
+    run = train(_cfg(data_root, tmp_path / "run", "train.epochs=5"))
+    log = _metrics(run)
+    assert all(0.0 <= e["BLEU-4"] <= 100.0 and e["CIDEr-D"] >= 0.0 for e in log)
+    val_losses = [e["val_loss"] for e in log]
+    assert val_losses == sorted(val_losses, reverse=True) and val_losses[-1] < val_losses[0] - 0.5
+    late = max(e["CIDEr-D"] for e in log[3:])
+    assert late >= 20.0 and late > log[0]["CIDEr-D"] + 15.0
+    assert load_checkpoint(run / "best.pt")["metrics"]["best"]["value"] == max(e["CIDEr-D"] for e in log)
 
 
 @pytest.mark.parametrize("kind", ["soft", "hard"])
@@ -202,7 +213,9 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     assert hashes[0] == hashes[1]
     log = _metrics(run_dir)
     assert [e["epoch"] for e in log] == [1, 2, 3]
-    assert log[-1]["train_loss"] < log[0]["train_loss"]
+    # The cross-entropy falls (3.50, 3.16, 2.94); the total loss of hard attention also carries the
+    # REINFORCE surrogate, which need not fall (6.97, 6.08, 7.08 since the decoder's fast paths).
+    assert log[-1]["train_xe"] < log[0]["train_xe"] - 0.2
 
 
 def test_finetuning_reads_images_and_trains_encoder_with_its_lr(data_root, tmp_path, fake_scores, monkeypatch):

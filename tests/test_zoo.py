@@ -14,7 +14,7 @@ import torch
 import captioner
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
-from captioner.models.captioner import load_captioner
+from captioner.api import load_captioner
 from captioner.zoo import (DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, export_model,
                            load_shipped)
 

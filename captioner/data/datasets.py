@@ -20,14 +20,16 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from captioner.config import DataConfig
 from captioner.data.vocab import Vocab, tokenize
+
+if TYPE_CHECKING:  # annotations only: the config asks this module for its formats (LOADERS), not the reverse
+    from captioner.config import DataConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,10 @@ where it stopped and never trusts a half-written row.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -251,13 +249,7 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     if not encoder.frozen:
         raise FeatureCacheError("the encoder fine-tunes (finetune_blocks > 0): its grids change during training, "
                                 "so they cannot be cached; set model.encoder.finetune_blocks=0 or data.use_cache=false")
-    paths: dict[str, str] = {}
-    for r in records:
-        image_id, path = str(r.image_id), str(r.path)
-        if paths.setdefault(image_id, path) != path:
-            raise ValueError(f"image id {image_id!r} names two files: {paths[image_id]} and {path}")
-    if not paths:
-        raise ValueError("extract_features: no records")
+    paths = _paths_by_id(records)
     directory = Path(out_dir)
     fingerprint = encoder.fingerprint()
     grid_hw, dim = tuple(encoder.grid_hw), int(encoder.backbone_dim)
@@ -308,81 +300,28 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
                 raise FeatureCacheError(f"{n_failed} of {total} images could not be loaded (more than "
                                         f"max_failure_share={max_failure_share}); e.g. {examples}")
     del grids
-    seconds = time.perf_counter() - start
+    return _reopen_with_stats(directory, paths, processed, time.perf_counter() - start)
+
+
+def _paths_by_id(records: Iterable[Any]) -> dict[str, str]:
+    """image_id -> path of every record; a repeated id must name the same file."""
+    paths: dict[str, str] = {}
+    for r in records:
+        image_id, path = str(r.image_id), str(r.path)
+        if paths.setdefault(image_id, path) != path:
+            raise ValueError(f"image id {image_id!r} names two files: {paths[image_id]} and {path}")
+    if not paths:
+        raise ValueError("extract_features: no records")
+    return paths
+
+
+def _reopen_with_stats(directory: Path, paths: dict[str, str], processed: int, seconds: float) -> FeatureCache:
+    """The finished cache, its ``stats`` filled in; a warning names images that could not be loaded."""
     cache = FeatureCache.open(directory)
     failed_here = [i for i in paths if i in cache.failures]
     if failed_here:
-        log.warning("%d of %d images could not be loaded and have no grid, e.g. %s", len(failed_here), total,
+        log.warning("%d of %d images could not be loaded and have no grid, e.g. %s", len(failed_here), len(paths),
                     "; ".join(cache.failures[i] for i in failed_here[:3]))
     cache.stats = {"processed": processed, "failed": len(failed_here), "seconds": seconds,
                    "images_per_s": processed / seconds if seconds > 0 else 0.0}
     return cache
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`captioner extract --config X.yaml [--set k=v ...] [--splits train,val,test]`: fill the feature cache."""
-    from captioner.config import ConfigError, add_config_arguments, load_config
-    from captioner.models.encoder import EncoderWeightsError, build_encoder
-
-    parser = argparse.ArgumentParser(prog="captioner extract", description="Precompute the frozen encoder's grids "
-                                     "of every image of the given splits into one feature cache.")
-    add_config_arguments(parser)
-    parser.add_argument("--splits", default=None,
-                        help="comma-separated splits (default: train, val and test, skipping a split the data set "
-                             "does not have, such as Flickr8k's withheld test split)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
-    parser.add_argument("--num-workers", type=int, default=None, help="default: data.num_workers")
-    parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        cfg = load_config(args.config, args.overrides)
-        enc = cfg.model.encoder
-        if enc.finetune_blocks:
-            raise FeatureCacheError(f"model.encoder.finetune_blocks={enc.finetune_blocks}: a fine-tuned encoder's "
-                                    "grids change as it trains and cannot be cached; nothing to extract")
-        # no projection: only backbone output is cached (the projection trains, after the cache)
-        encoder = build_encoder(name=enc.name, pretrained=enc.pretrained, weights_path=enc.weights_path or None,
-                                input_size=enc.input_size, stage=None if enc.stage < 0 else enc.stage,
-                                grid_size=enc.grid_size or None)
-        from captioner.data.datasets import load_records  # lazy: owned by the training engineer
-
-        from captioner.data.datasets import EmptySplitError
-
-        if args.splits is None:  # every split the data set has
-            splits, records = [], []
-            for split in ("train", "val", "test"):
-                try:
-                    records += load_records(cfg.data, split)
-                    splits.append(split)
-                except EmptySplitError as err:
-                    print(f"note: skipping split {split!r}: {err}")
-        else:  # asked for by name: a missing split is an error
-            splits = [s.strip() for s in args.splits.split(",") if s.strip()]
-            records = [r for split in splits for r in load_records(cfg.data, split)]
-        out_dir = cache_dir_for(cfg.data, encoder.fingerprint())
-        print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
-              f"(grid {encoder.grid_hw[0]}x{encoder.grid_hw[1]}x{encoder.backbone_dim}) into {out_dir}")
-        cache = extract_features(encoder, records, out_dir,
-                                 batch_size=args.batch_size or cfg.eval.batch_size,
-                                 num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,
-                                 max_failure_share=cfg.data.max_failure_share, progress=not args.no_progress,
-                                 device=_resolve_device(args.device or cfg.train.device))
-    except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError) as err:
-        print(f"captioner extract: error: {err}", file=sys.stderr)
-        return 1
-    s = cache.stats
-    print(f"done: {s['processed']} images in {s['seconds']:.1f} s ({s['images_per_s']:.1f} images/s); "
-          f"{len(cache)} grids cached, {s['failed']} unreadable -> {out_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -257,20 +257,23 @@ class ShowAttendTellDecoder(nn.Module):
         H = h.shape[1]
         base = weights.hidden_bias if weights.hidden_bias is not None else h.new_zeros(())
         from_h = weights.hidden.addmm(base, h)  # (N, 4H + A + gate): h_{t-1} times every weight that reads it
-        query = from_h[:, 4 * H:4 * H + weights.query_size] if weights.query_size else None  # (N, A) or None
-        extra = {} if query is None else {"projected_query": query}
+        # split, not slices: one backward that concatenates the parts' gradients instead of a zero-filled
+        # full-width gradient per slice
+        recurrent, query, gate_logit = from_h.split([4 * H, weights.query_size, from_h.shape[1] - 4 * H
+                                                     - weights.query_size], dim=1)  # (N, 4H), (N, A), (N, 1 or 0)
+        extra = {"projected_query": query} if weights.query_size else {}
         read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic, **extra)
         z = read.context  # (N, Z)
         if self.gate is not None:
-            z = torch.sigmoid(from_h[:, 4 * H + weights.query_size:]) * z  # beta_t z_t, §4.2.1
+            z = torch.sigmoid(gate_logit) * z  # beta_t z_t, §4.2.1
         if projected:  # z is (N, 4H + E): [W_ih,z z; L_z z]
-            gates = (word_gates + from_h[:, :4 * H]).add_(z[:, :4 * H])  # (N, 4H)
-            z = z[:, 4 * H:]  # (N, E)
+            z_gates, z = z.split([4 * H, z.shape[1] - 4 * H], dim=1)  # (N, 4H), (N, E)
+            gates = (word_gates + recurrent).add_(z_gates)  # (N, 4H)
         else:
-            gates = weights.context.addmm(word_gates + from_h[:, :4 * H], z)  # (N, 4H), order i, f, g, o
-        sig = torch.sigmoid(gates)  # (N, 4H): one kernel for i, f, o (the g quarter is unused)
-        c = torch.addcmul(sig[:, H:2 * H] * c, sig[:, :H], torch.tanh(gates[:, 2 * H:3 * H]))  # (N, H)
-        h = sig[:, 3 * H:] * torch.tanh(c)  # (N, H)
+            gates = weights.context.addmm(word_gates + recurrent, z)  # (N, 4H), order i, f, g, o
+        i, f, g, o = gates.chunk(4, dim=1)  # 4 x (N, H)
+        c = torch.addcmul(torch.sigmoid(f) * c, torch.sigmoid(i), torch.tanh(g))  # (N, H)
+        h = torch.sigmoid(o) * torch.tanh(c)  # (N, H)
         return h, c, z, read
 
     def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:

@@ -1,0 +1,197 @@
+"""The application layer: config -> model, checkpoint -> model, images -> words.
+
+``build_model(cfg, vocab)`` is the one translation of the config into constructor arguments
+(detectron2's ``from_config`` kept apart from the modules): training, ``captioner extract``,
+evaluation, the shipped models and checkpoint loading all build through it. The modules under
+``captioner/models/`` know tensors and token ids only; ``ImageCaptioner`` adds what the application
+knows, the vocabulary and the resolved config, and ``caption()``, which turns images into words with
+their per-word attention (Xu et al. 2015, §5.4's visualisations). ``load_captioner`` returns the
+model together with its preprocessing (``model.transform``), as CLIP's ``load`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from captioner.config import Config, EncoderConfig, config_from_dict
+from captioner.data.vocab import Vocab
+from captioner.models.attention import SelfAttentionEncoder
+from captioner.models.captioner import Captioner, GridPositionEmbedding
+from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.encoder import Encoder, build_encoder
+
+
+class ImageCaptioner(Captioner):
+    """A ``Captioner`` with the vocabulary its ids refer to and the config it was built from.
+
+    What ``build_model`` and ``load_captioner`` return: an ``nn.Module`` (training updates it, its
+    state dict is the Captioner's) whose ``caption`` speaks words. ``shipped_name`` is set when it is
+    one of the models shipped with the package (captioner/zoo.py).
+    """
+
+    def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder, vocab: Vocab, config: Config,
+                 **kwargs: Any) -> None:
+        super().__init__(encoder, decoder, start_id=vocab.start_id, end_id=vocab.end_id, pad_id=vocab.pad_id,
+                         unk_id=vocab.unk_id, **kwargs)
+        self.vocab = vocab
+        self.config = config
+        self.shipped_name: str | None = None
+
+    def words(self, hyp: Any) -> list[str]:
+        """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
+        return self.vocab.decode(hyp.tokens, keep_unk=True)
+
+    @torch.no_grad()
+    def caption(
+        self,
+        images: Sequence[Any],
+        beam: int = 3,
+        attention_mode: str | None = None,
+        max_length: int | None = None,
+        n_best: int = 1,
+        length_penalty: float | None = None,
+        forbid_unk: bool = True,
+    ) -> list[dict]:
+        """Caption PIL images or image paths (``forbid_unk``: no <unk> in the captions, the default here).
+
+        Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
+        ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
+        (the grid cell read per word in hard attention's "sample"/"argmax" modes, else None) and
+        ``n_best`` (every hypothesis as {caption, words, score}).
+        """
+        from captioner.data.images import load_image
+
+        pil = [load_image(im) if isinstance(im, (str, Path)) else im for im in images]
+        if not pil:
+            return []
+        was_training = self.training
+        self.eval()
+        try:
+            batch = torch.stack([self.transform(im) for im in pil]).to(self.device)  # (B, 3, S, S)
+            grid = self.encode(batch)  # (B, L, D)
+            mode = self.decode_mode(attention_mode)
+            hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
+                                 n_best=n_best, length_penalty=length_penalty, forbid_unk=forbid_unk)
+        finally:
+            self.train(was_training)
+        return [self._result(per_image, grid.size(1), mode) for per_image in hyps]
+
+    def _result(self, per_image: list[Any], locations: int, mode: str) -> dict:
+        best = per_image[0]
+        words = self.words(best)
+        alphas = (best.alphas.float().cpu().numpy() if best.alphas is not None
+                  else np.zeros((len(best.tokens), locations), dtype=np.float32))  # (n_words, L)
+        return {
+            "caption": " ".join(words),
+            "words": words,
+            "alphas": alphas[: len(words)],
+            "grid_hw": self.grid_hw,
+            "score": float(best.score),
+            "attention_mode": mode,
+            "locations": None if best.locations is None else best.locations[: len(words)],
+            "n_best": [{"caption": " ".join(w), "words": w, "score": float(h.score)}
+                       for h, w in ((h, self.words(h)) for h in per_image)],
+        }
+
+
+def decode_max_length(cfg: Config) -> int:
+    """The most words a decoded caption may have: ``eval.max_length``, or when that is 0, the
+    longest caption training saw (``data.max_length``)."""
+    return cfg.eval.max_length or cfg.data.max_length
+
+
+def reads_cached_grids(cfg: Config) -> bool:
+    """Whether training and evaluation read backbone grids from the feature cache (a frozen encoder
+    and ``data.use_cache``) rather than running the encoder on images: decided here only."""
+    return cfg.model.encoder.finetune_blocks == 0 and cfg.data.use_cache
+
+
+def build_encoder_from_config(enc: EncoderConfig) -> Encoder:
+    """``model.encoder`` -> the Encoder (config sentinels 0 / -1 / "" become the constructor's None)."""
+    return build_encoder(
+        name=enc.name,
+        pretrained=enc.pretrained,
+        weights_path=enc.weights_path or None,
+        input_size=enc.input_size,
+        stage=None if enc.stage < 0 else enc.stage,
+        grid_size=enc.grid_size or None,
+        proj_dim=enc.proj_dim or None,
+        finetune_blocks=enc.finetune_blocks,
+    )
+
+
+def _build_refine(cfg: Config, encoder: Encoder) -> nn.Module | None:
+    """The optional grid refinement after the cache: position embedding, then self-attention."""
+    enc = cfg.model.encoder
+    layers: list[nn.Module] = []
+    if enc.position_embedding:
+        H, W = encoder.grid_hw
+        layers.append(GridPositionEmbedding(H * W, encoder.out_dim))
+    if enc.self_attention_layers > 0:
+        layers.append(SelfAttentionEncoder(dim=encoder.out_dim, layers=enc.self_attention_layers,
+                                           heads=cfg.model.attention.heads))
+    return nn.Sequential(*layers) if layers else None
+
+
+def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
+    """The one translation of config into constructor arguments."""
+    encoder = build_encoder_from_config(cfg.model.encoder)
+    refine = _build_refine(cfg, encoder)
+    att, dec = cfg.model.attention, cfg.model.decoder
+    decoder = ShowAttendTellDecoder(
+        vocab_size=len(vocab),
+        feature_dim=encoder.out_dim,
+        embed_dim=dec.embed_dim,
+        hidden_dim=dec.hidden_dim,
+        attention_dim=att.attention_dim,
+        scorer=att.scorer,
+        attention=att.attention,
+        heads=att.heads,
+        gate=dec.gate,
+        dropout=dec.dropout,
+        feature_dropout=dec.feature_dropout,
+        pad_id=vocab.pad_id,
+    )
+    return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=att.attention,
+                          attention_mode=cfg.eval.attention_mode, max_length=decode_max_length(cfg),
+                          length_penalty=cfg.eval.length_penalty)
+
+
+def load_captioner(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:
+    """Rebuild a captioner from a checkpoint (file, or run directory holding best.pt / last.pt), or
+    with no path or a shipped model's name (``"flickr8k"``) the pretrained model shipped with the
+    package (captioner/zoo.py).
+
+    The checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
+    ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
+    state dict is checked key by key, so a mismatch names the field that differs.
+    """
+    from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
+    from captioner.zoo import is_shipped_name, load_shipped
+
+    if path is None or is_shipped_name(str(path)):
+        return load_shipped(None if path is None else str(path), device=device)
+    payload = load_checkpoint(path, map_location="cpu")
+    for key in ("config", "vocab", "model"):
+        if key not in payload:
+            raise CheckpointError(f"{path}: checkpoint has no {key!r} entry (keys: {', '.join(payload)})")
+    try:
+        cfg = config_from_dict(payload["config"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: the stored config is invalid: {err}") from None
+    cfg.model.encoder.pretrained = False  # the weights come from the checkpoint; never touch the network
+    try:
+        vocab = Vocab.from_dict(payload["vocab"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise CheckpointError(f"{path}: the stored vocabulary is invalid: {err}") from None
+    model = build_model(cfg, vocab)
+    check_state_dict(payload["model"], model.state_dict())
+    model.load_state_dict(payload["model"])
+    model.to(device)
+    model.eval()
+    return model

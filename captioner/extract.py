@@ -1,0 +1,90 @@
+"""`captioner extract`: fill the feature cache with the frozen encoder's grids (Xu et al. 2015, §3.1.1).
+
+The command does the model part (the encoder is built from the config by ``api.build_encoder_from_config``,
+the same translation training uses, so the fingerprints agree) and hands the encoder to the data
+layer's ``extract_features`` (captioner/data/features.py), which knows files, not models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Sequence
+
+import torch
+
+from captioner.api import build_encoder_from_config
+from captioner.config import ConfigError, add_config_arguments, load_config
+from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
+from captioner.models.encoder import EncoderWeightsError
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _split_records(data: Any, splits: str | None) -> tuple[list[str], list[Any]]:
+    """The records of the named splits; by default every split the data set has (a missing one is noted)."""
+    from captioner.data.datasets import EmptySplitError, load_records
+
+    if splits is not None:  # asked for by name: a missing split is an error
+        names = [s.strip() for s in splits.split(",") if s.strip()]
+        return names, [r for split in names for r in load_records(data, split)]
+    names, records = [], []
+    for split in ("train", "val", "test"):
+        try:
+            records += load_records(data, split)
+            names.append(split)
+        except EmptySplitError as err:
+            print(f"note: skipping split {split!r}: {err}")
+    return names, records
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner extract", description="Precompute the frozen encoder's grids "
+                                     "of every image of the given splits into one feature cache.")
+    add_config_arguments(parser)
+    parser.add_argument("--splits", default=None,
+                        help="comma-separated splits (default: train, val and test, skipping a split the data set "
+                             "does not have, such as Flickr8k's withheld test split)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
+    parser.add_argument("--num-workers", type=int, default=None, help="default: data.num_workers")
+    parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`captioner extract --config X.yaml [--set k=v ...] [--splits train,val,test]`: fill the feature cache."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        enc = cfg.model.encoder
+        if enc.finetune_blocks:
+            raise FeatureCacheError(f"model.encoder.finetune_blocks={enc.finetune_blocks}: a fine-tuned encoder's "
+                                    "grids change as it trains and cannot be cached; nothing to extract")
+        encoder = build_encoder_from_config(enc)  # only backbone output is cached: the projection trains after it
+        splits, records = _split_records(cfg.data, args.splits)
+        out_dir = cache_dir_for(cfg.data, encoder.fingerprint())
+        print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
+              f"(grid {encoder.grid_hw[0]}x{encoder.grid_hw[1]}x{encoder.backbone_dim}) into {out_dir}")
+        cache = extract_features(encoder, records, out_dir,
+                                 batch_size=args.batch_size or cfg.eval.batch_size,
+                                 num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,
+                                 max_failure_share=cfg.data.max_failure_share, progress=not args.no_progress,
+                                 device=_resolve_device(args.device or cfg.train.device))
+    except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError) as err:
+        print(f"captioner extract: error: {err}", file=sys.stderr)
+        return 1
+    s = cache.stats
+    print(f"done: {s['processed']} images in {s['seconds']:.1f} s ({s['images_per_s']:.1f} images/s); "
+          f"{len(cache)} grids cached, {s['failed']} unreadable -> {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
