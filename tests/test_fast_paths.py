@@ -195,7 +195,7 @@ def test_keep_freed_memory_applies_on_glibc_linux():
 @pytest.mark.parametrize("attention,mode,gate", [("soft", "soft", "scalar"), ("hard", "argmax", "scalar"),
                                                  ("hard", "expectation", "none"), ("key_value", "soft", "scalar")])
 def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
-    """Beam search's projected values (expand_state with >= project_values_from_beams beams) give the same
+    """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""
     from captioner.models.decoder import ProjectedState
     from captioner.search import beam_search
@@ -204,10 +204,11 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
     dec = ShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
                                 gate=gate, dropout=0.0).eval()
     grid = torch.randn(3, 6, 12)
-    K = dec.project_values_from_beams
+    K = 4
+    assert dec._projects_values(K, 6) and not dec._projects_values(K, 196)  # a 14x14 grid needs 15 beams
     with torch.no_grad():
         fast_state = dec.expand_state(dec.init_state(grid), K)
-        dec.project_values_from_beams = 10 ** 6
+        dec.project_values_words = 0
         plain_state = dec.expand_state(dec.init_state(grid), K)
         assert isinstance(fast_state, ProjectedState) and not isinstance(plain_state, ProjectedState)
         tokens = torch.randint(4, 31, (3 * K,))
@@ -220,8 +221,8 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
             assert isinstance(fast_state, ProjectedState)
             tokens = fast[0].argmax(-1)
         results = []
-        for threshold in (K, 10 ** 6):
-            dec.project_values_from_beams = threshold
+        for words in (20, 0):
+            dec.project_values_words = words
             step = lambda t, s: dec.step(t, s, mode)  # noqa: E731
             results.append(beam_search(step, dec.init_state(grid), batch_size=3, start_id=1, end_id=2,
                                        beam_size=K, max_length=8, n_best=2, expand=dec.expand_state))

@@ -163,17 +163,21 @@ class ShowAttendTellDecoder(nn.Module):
         mean = grid.mean(dim=1)  # (B, D)
         return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
 
-    # Beam search with at least this many beams decodes from projected values (expand_state): multiplying
-    # each image's L annotation vectors once by the weights that read the context costs 2·L·Z·(4H + E)
-    # FLOPs; it saves 2·Z·(4H + E) per beam and word. With L = 49 that pays from about 3 beams of 20 words.
-    project_values_from_beams = 4
+    # Beam search decodes from projected values (expand_state) when it pays: multiplying each image's L
+    # annotation vectors once by the weights that read the context costs 2·L·Z·(4H + E) FLOPs and saves
+    # 2·Z·(4H + E) per beam and word, so it pays when beams x words > L. With captions of about
+    # `project_values_words` words and a 1.5x margin: from 4 beams on a 7x7 grid, 15 on a 14x14 one.
+    project_values_words = 20
+
+    def _projects_values(self, beams: int, locations: int) -> bool:
+        return beams * self.project_values_words >= 1.5 * locations
 
     def expand_state(self, state: tuple[Tensor, ...], beams: int) -> tuple[Tensor, ...]:
         """`beams` consecutive rows per image for beam search (its `expand`): h and c are repeated;
         the attention memory stays at one row per image when the attention reads it for a group of
         queries (then it is neither copied nor reordered: beams never leave their image).
 
-        Without autograd and with ``project_values_from_beams`` beams or more, the values are replaced by
+        Without autograd and with enough beams (_projects_values), the values are replaced by
         values @ [W_ih,z; L_z]^T (B, L, 4H + E): the context z = sum_i alpha_i a_i (or a_s) only ever enters
         the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
         beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step() reads it the same way.
@@ -182,8 +186,8 @@ class ShowAttendTellDecoder(nn.Module):
         if not self.attention.grouped_queries:
             memory = [m.repeat_interleave(beams, dim=0) for m in memory]  # (B*K, ...)
         expanded = (h.repeat_interleave(beams, dim=0), c.repeat_interleave(beams, dim=0), *memory)
-        if (beams >= self.project_values_from_beams and not torch.is_grad_enabled()
-                and not isinstance(state, ProjectedState) and self._reads_context_linearly()):
+        if (not torch.is_grad_enabled() and not isinstance(state, ProjectedState)
+                and self._reads_context_linearly() and self._projects_values(beams, memory[0].shape[1])):
             values, prepared = memory
             E = self.embedding.embedding_dim
             weight = torch.cat([self.lstm.weight_ih[:, E:], self.out_z.weight])  # (4H + E, Z)
