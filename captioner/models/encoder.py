@@ -16,7 +16,8 @@ Families (stage index: output stride / D; ``stage=None`` or -1 means the last on
   4: 16/512 (conv5, last max pool dropped: 14 x 14 x 512 at 224).
 - ``timm:<name>``: any timm model, read from its ``features_only`` stages (indices as in ``feature_info``).
 
-Weights never come from the network unless ``allow_download=True``: a missing file raises
+The family builders are in captioner/models/backbones.py, the preprocessing in transform.py, the weight files
+in weights.py. Weights never come from the network unless ``allow_download=True``: a missing file raises
 ``EncoderWeightsError`` naming the file, the directory to place it in and its URL (captioner/models/weights.py).
 """
 
@@ -24,20 +25,15 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 
-from captioner.models.weights import (EncoderWeightsError, efficientnet_lite0_state_dict, hub_checkpoint,
-                                      lite0_wheel_file, load_weights_file)
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-TF_MEAN = TF_STD = (0.5, 0.5, 0.5)  # TF-ported EfficientNet-Lite weights expect inputs in [-1, 1]
+from captioner.models.backbones import FAMILIES, Block, StagedBackbone, build_timm
+from captioner.models.transform import ImageTransform
+from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_state_dict  # noqa: F401 (re-exported)
 
 # name -> what the README's encoder table shows. "stages": (output stride, D) per stage index.
 ENCODERS: dict[str, dict[str, Any]] = {
@@ -68,87 +64,15 @@ def encoders_table() -> str:
     return "\n".join(rows)
 
 
-class ImageTransform:
-    """Preprocessing that travels with the encoder: resize to ``size`` x ``size``, normalise.
-
-    By default the whole image is resized to a square (no crop), as captioning ports do: a
-    caption describes the whole scene, and a centre crop cuts off what the references mention
-    (on scikit-image's chelsea, cropping drops p(Egyptian cat) from 0.79 to 0.38).
-    ``crop=True`` resizes the shorter side and centre-crops instead (the ImageNet recipe).
-    PIL RGB image -> float tensor (3, size, size). A plain class (not a lambda) so DataLoader
-    workers can pickle it.
-    """
-
-    def __init__(self, size: int, mean: tuple[float, ...], std: tuple[float, ...], interpolation: str = "bicubic",
-                 crop: bool = False):
-        self.size = int(size)
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.interpolation = interpolation
-        self.crop = crop
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        from torchvision.transforms import InterpolationMode
-        from torchvision.transforms import functional as TF
-
-        mode = {"bicubic": InterpolationMode.BICUBIC, "bilinear": InterpolationMode.BILINEAR}[self.interpolation]
-        if self.crop:
-            image = TF.resize(image, self.size, interpolation=mode, antialias=True)
-            image = TF.center_crop(image, [self.size, self.size])
-        else:
-            image = TF.resize(image, [self.size, self.size], interpolation=mode, antialias=True)
-        # (x / 255 - mean) / std as one numpy multiply-add: small torch ops pay multi-thread start-up per call,
-        # which made this 20x slower than the arithmetic on a busy 2-core machine
-        scale = np.array([1.0 / (255.0 * s) for s in self.std], dtype=np.float32)
-        bias = np.array([-m / s for m, s in zip(self.mean, self.std)], dtype=np.float32)
-        x = np.asarray(image, dtype=np.float32) * scale + bias  # (S, S, 3)
-        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))  # (3, S, S)
-
-    def describe(self) -> dict:
-        resize = {"resize_shorter": self.size, "center_crop": self.size} if self.crop else {"resize": self.size}
-        return {**resize, "interpolation": self.interpolation, "mean": list(self.mean), "std": list(self.std)}
-
-    def __repr__(self) -> str:
-        return f"ImageTransform({self.describe()})"
-
-
-class _Block(nn.Sequential):
-    """One fine-tuning unit made of several layers (a stem, a conv head): never split by finetune_blocks."""
-
-
 def _finetune_units(module: nn.Module) -> list[nn.Module]:
     """The backbone's blocks in forward order: containers are opened, anything else with parameters is a unit."""
     units = []
     for child in module.children():
-        if isinstance(child, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and not isinstance(child, _Block):
+        if isinstance(child, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and not isinstance(child, Block):
             units.extend(_finetune_units(child))
         elif any(True for _ in child.parameters()):
             units.append(child)
     return units
-
-
-class _StagedBackbone(nn.Module):
-    """Runs its stages in order; the output of the last one is the feature map (B, C, h, w)."""
-
-    def __init__(self, stages: list[nn.Module]):
-        super().__init__()
-        self.stages = nn.ModuleList(stages)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for stage in self.stages:
-            x = stage(x)
-        return x
-
-
-class _TimmFeatures(nn.Module):
-    """A timm ``features_only`` model reduced to one feature map: the requested (last returned) stage."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)[-1]
 
 
 class Encoder(nn.Module):
@@ -285,127 +209,6 @@ class Encoder(nn.Module):
                 "dim": self.backbone_dim, "transform": self.transform.describe()}
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Families: each returns (stages, transform, weights_source)
-
-
-def _build_efficientnet_lite0(pretrained: bool, weights_path: str | None, input_size: int,
-                              allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
-    import timm
-
-    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-    source = "random"
-    if pretrained or weights_path:
-        path = Path(weights_path) if weights_path else lite0_wheel_file()
-        model.load_state_dict(efficientnet_lite0_state_dict(str(path)))
-        source = f"file {path.name}"
-    b = model.blocks
-    stages = [
-        nn.Sequential(_Block(model.conv_stem, model.bn1), b[0]),  # stride 2, 16
-        b[1],  # stride 4, 24
-        b[2],  # stride 8, 40
-        nn.Sequential(b[3], b[4]),  # stride 16, 112
-        nn.Sequential(b[5], b[6]),  # stride 32, 320
-        nn.Sequential(_Block(model.conv_head, model.bn2)),  # stride 32, 1280: what the classifier reads
-    ]
-    return stages, ImageTransform(input_size, TF_MEAN, TF_STD, "bicubic"), source
-
-
-def _torchvision_state(name: str, pretrained: bool, weights_path: str | None,
-                       allow_download: bool) -> tuple[dict | None, str]:
-    """Resolve the weights before building anything, so a missing file fails in milliseconds."""
-    import torchvision
-
-    if weights_path:
-        return load_weights_file(weights_path), f"file {Path(weights_path).name}"
-    if pretrained:
-        return hub_checkpoint(torchvision.models.get_model_weights(name), allow_download, name)
-    return None, "random"
-
-
-def _build_resnet(name: str, pretrained: bool, weights_path: str | None, input_size: int,
-                  allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
-    import torchvision
-
-    state, source = _torchvision_state(name, pretrained, weights_path, allow_download)
-    m = getattr(torchvision.models, name)(weights=None)
-    if state is not None:
-        m.load_state_dict(state)
-    stages = [nn.Sequential(_Block(m.conv1, m.bn1, m.relu, m.maxpool), m.layer1), m.layer2, m.layer3, m.layer4]
-    return stages, ImageTransform(input_size, IMAGENET_MEAN, IMAGENET_STD, "bilinear"), source
-
-
-_VGG_CONFIGS = {"vgg16": "D", "vgg19": "E"}  # torchvision's layer lists
-
-
-def _build_vgg(name: str, pretrained: bool, weights_path: str | None, input_size: int,
-               allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
-    from torchvision.models import vgg
-
-    state, source = _torchvision_state(name, pretrained, weights_path, allow_download)
-    # only the conv layers: the 120M-parameter classifier would cost seconds to initialise and 0.5 GB to hold
-    features = vgg.make_layers(vgg.cfgs[_VGG_CONFIGS[name]], batch_norm=False)
-    if state is None:
-        for m in features.modules():  # torchvision's own VGG initialisation
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(m.bias)
-    else:
-        feature_state = {k[len("features."):]: v for k, v in state.items() if k.startswith("features.")}
-        features.load_state_dict(feature_state)
-    layers = list(features)[:-1]  # drop the last max pool: conv5 at stride 16 (the paper's 14 x 14 x 512)
-    stages, current = [], []
-    for layer in layers:  # a new stage starts at every max pool (the pool belongs to the stage it feeds)
-        if isinstance(layer, nn.MaxPool2d) and current:
-            stages.append(nn.Sequential(*current))
-            current = []
-        current.append(layer)
-    stages.append(nn.Sequential(*current))
-    return stages, ImageTransform(input_size, IMAGENET_MEAN, IMAGENET_STD, "bilinear"), source
-
-
-_FAMILIES: dict[str, Callable[..., tuple[list[nn.Module], ImageTransform, str]]] = {
-    "efficientnet_lite0": lambda name, *a: _build_efficientnet_lite0(*a),
-    "resnet50": _build_resnet, "resnet101": _build_resnet, "resnet152": _build_resnet,
-    "vgg16": _build_vgg, "vgg19": _build_vgg,
-}
-
-
-def _build_timm(model_name: str, pretrained: bool, weights_path: str | None, input_size: int, stage: int | None,
-                allow_download: bool) -> tuple[nn.Module, ImageTransform, str, int, int]:
-    import timm
-
-    if not timm.is_model(model_name):
-        raise ValueError(f"unknown timm model {model_name!r} (see timm.list_models())")
-    cfg = timm.models.get_pretrained_cfg(model_name)
-    kwargs: dict[str, Any] = {"features_only": True}
-    if stage is not None and stage >= 0:
-        kwargs["out_indices"] = (stage,)
-    source = "random"
-    if weights_path:
-        kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(weights_path)})
-        source = f"file {Path(weights_path).name}"
-    elif pretrained:
-        if not allow_download:
-            hub = getattr(cfg, "hf_hub_id", None) or getattr(cfg, "url", None) or "the Hugging Face hub"
-            raise EncoderWeightsError(
-                f"timm:{model_name}: pretrained weights need the network (https://huggingface.co/{hub}). Download "
-                f"model.safetensors there and pass weights_path=<file>, or allow_download=True, or pretrained=False.")
-        kwargs["pretrained"] = True
-        source = f"timm hub {getattr(cfg, 'hf_hub_id', model_name)}"
-    try:
-        model = timm.create_model(model_name, **kwargs)
-    except (IndexError, AssertionError) as err:
-        raise ValueError(f"timm:{model_name}: stage {stage} is not one of its feature stages ({err})") from err
-    info = model.feature_info
-    resolved = info.get_dicts()[-1]["index"] if stage is None or stage < 0 else stage
-    dim = info.channels()[-1]
-    mean = tuple(getattr(cfg, "mean", None) or IMAGENET_MEAN)
-    std = tuple(getattr(cfg, "std", None) or IMAGENET_STD)
-    interp = "bilinear" if getattr(cfg, "interpolation", "bicubic") == "bilinear" else "bicubic"
-    return _TimmFeatures(model), ImageTransform(input_size, mean, std, interp), source, resolved, dim
-
-
 def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, weights_path: str | Path | None = None,
                   input_size: int = 224, stage: int | None = None, grid_size: int | None = None,
                   proj_dim: int | None = None, finetune_blocks: int = 0, self_attention_layers: int = 0,
@@ -430,17 +233,17 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
     if input_size <= 0:
         raise ValueError(f"input_size must be > 0, got {input_size}")
     if name.startswith("timm:"):
-        backbone, transform, source, resolved, dim = _build_timm(name[len("timm:"):], pretrained, weights_path,
+        backbone, transform, source, resolved, dim = build_timm(name[len("timm:"):], pretrained, weights_path,
                                                                  input_size, stage, allow_download)
         stride = None  # padding rules vary across timm models: grid_hw comes from a dry run
-    elif name in _FAMILIES:
+    elif name in FAMILIES:
         n_stages = len(ENCODERS[name]["stages"])
         resolved = n_stages - 1 if stage is None or stage < 0 else stage
         if resolved >= n_stages:
             raise ValueError(f"{name}: stage {stage} out of range; stages 0..{n_stages - 1} "
                              f"(stride, D): {ENCODERS[name]['stages']}")
-        stages, transform, source = _FAMILIES[name](name, pretrained, weights_path, input_size, allow_download)
-        backbone = _StagedBackbone(stages[: resolved + 1])  # later stages are never run: drop them
+        stages, transform, source = FAMILIES[name](name, pretrained, weights_path, input_size, allow_download)
+        backbone = StagedBackbone(stages[: resolved + 1])  # later stages are never run: drop them
         stride, dim = ENCODERS[name]["stages"][resolved]
     else:
         valid = ", ".join([n for n in ENCODERS if n != "timm:<name>"] + ["timm:<timm model name>"])
