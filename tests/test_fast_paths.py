@@ -270,3 +270,17 @@ def test_inference_caches_follow_weight_updates():
     fresh = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
     dec.load_state_dict(fresh.state_dict())
     torch.testing.assert_close(step_logp(), reference(), atol=1e-6, rtol=1e-6)
+
+
+def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
+    """sample() expands its state like beam search; without autograd that may give a ProjectedState."""
+    torch.manual_seed(6)
+    dec = ShowAttendTellDecoder(19, 10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0).eval()
+    grid = torch.randn(2, 3, 10)
+    outs = []
+    for words in (20, 0):  # projected, plain
+        dec.project_values_words = words
+        with torch.no_grad():
+            outs.append(dec.sample(grid, 4, start_id=1, end_id=2, max_length=6, greedy=True))
+    assert torch.equal(outs[0].tokens, outs[1].tokens)
+    torch.testing.assert_close(outs[0].word_log_probs, outs[1].word_log_probs, atol=1e-5, rtol=1e-5)

@@ -378,7 +378,9 @@ class ShowAttendTellDecoder(nn.Module):
         """
         mode = self._mode(attention_mode)
         forbid = sorted(set(forbid_ids) | {self.pad_id, start_id})
-        h, c, *memory = self.expand_state(self.init_state(grid), samples)  # h, c: (N, H), N = B * samples
+        state = self.expand_state(self.init_state(grid), samples)  # without autograd it may be a ProjectedState
+        projected = isinstance(state, ProjectedState)
+        h, c, *memory = state  # h, c: (N, H), N = B * samples
         N = h.shape[0]
         tokens = torch.full((N,), start_id, dtype=torch.long, device=grid.device)
         running = torch.ones(N, dtype=torch.bool, device=grid.device)
@@ -386,8 +388,9 @@ class ShowAttendTellDecoder(nn.Module):
         step_weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(tokens)  # (N, E)
-            h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights)
-            logits = self._deep_output(emb, h, z)  # (N, V)
+            h, c, z, read = self._recur(self._word_gates(emb, step_weights.word), h, c, memory, mode, step_weights,
+                                        projected=projected)
+            logits = self._deep_output(emb, h, z, projected)  # (N, V)
             logits = logits.index_fill(1, torch.tensor(forbid, device=logits.device), -math.inf)
             log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
             if greedy:
