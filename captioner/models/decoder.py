@@ -10,15 +10,18 @@ Efficiency (this is the training hot loop): the attention keys are projected onc
 (attention.prepare), the word embeddings of all steps are computed before the loop, and the
 deep output is applied after the loop to all steps at once (one big L_o matmul instead of T
 small ones). The LSTM's input matmul is split the same way: its word-embedding part (plus both
-biases) runs for all steps in one matmul before the loop; each step adds beta_t z_t and h_{t-1}
-times their weights (two addmm on weight views, no copies) and does the cell's elementwise math
-(nn.LSTMCell's parameters and gate order i, f, g, o; step() runs the same code).
+biases) runs for all steps in one matmul before the loop. Each step then makes one matmul of
+h_{t-1} with every weight that reads it (weight_hh, the scorer's query projection, the gate: see
+_hidden_weight), attends, adds beta_t z_t times its weights and does the cell's elementwise math
+(nn.LSTMCell's parameters and gate order i, f, g, o; step() runs the same code). Under autograd the
+per-step weights' gradients are formed once per sequence (models/deferred.py).
 Captions are sorted by length so the recurrence runs only the captions still
 going at each step (the active batch shrinks); the output layer and the loss then run on the real
 steps only (DecoderOutput.packed_logits), never on padding.
 
 step() runs one word for N (image, partial caption) states for search; it reproduces the
-teacher-forced logits exactly in eval mode.
+teacher-forced logits in eval mode (to float rounding: without autograd it gathers each word's share
+of the gates from a cached table, and beam search may read projected values, see expand_state).
 """
 from __future__ import annotations
 
