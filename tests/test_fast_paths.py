@@ -242,9 +242,13 @@ def test_vector_gate_and_multi_head_decode_unprojected():
         assert not isinstance(state, ProjectedState)
 
 
-def test_inference_caches_follow_weight_updates():
+@pytest.mark.parametrize("optimizer", ["sgd", "fused_adam"])
+def test_inference_caches_follow_weight_updates(optimizer):
     """step() without autograd reads cached stacks of weights (the word-gate table, the h_{t-1} stack); an
-    optimizer step or load_state_dict must invalidate them."""
+    optimizer step (fused Adam's kernel leaves the tensors' version counters alone) or load_state_dict must
+    invalidate them."""
+    from captioner.optim import build_optimizer
+
     torch.manual_seed(5)
     dec = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
     grid = torch.randn(2, 4, 8)
@@ -260,7 +264,8 @@ def test_inference_caches_follow_weight_updates():
 
     before = step_logp()
     torch.testing.assert_close(before, reference(), atol=1e-6, rtol=1e-6)
-    optimizer = torch.optim.SGD(dec.parameters(), lr=0.5)
+    optimizer = (torch.optim.SGD(dec.parameters(), lr=0.5) if optimizer == "sgd"
+                 else build_optimizer("adam", dec.parameters(), lr=0.5))
     loss = dec.step(tokens, dec.init_state(grid))[0].logsumexp(-1).sum() + dec.embedding.weight.sum()
     loss.backward()
     optimizer.step()

@@ -31,11 +31,22 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from captioner.models.attention import SoftAttention, build_attention, resolve_mode
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
 
 GATES = ("scalar", "vector", "none")
+
+# Optimizer steps taken in this process (any optimizer): part of the inference caches' key (_cached).
+_OPTIMIZER_STEPS = [0]
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    _OPTIMIZER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 @dataclass
@@ -232,9 +243,11 @@ class ShowAttendTellDecoder(nn.Module):
         return _LoopWeights(word, context, hidden, bias, A)
 
     def _cached(self, name: str, tensors: list[Tensor], build) -> Tensor:
-        """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place (its
-        _version counts in-place updates: optimizer steps, load_state_dict). For inference only."""
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
+        """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place, or any
+        optimizer steps. For inference only. A tensor's _version counts in-place updates (load_state_dict,
+        p.add_()), but fused optimizer kernels (Adam(fused=True)) do not bump it: the count of optimizer
+        steps (_OPTIMIZER_STEPS, a global post-step hook) covers those."""
+        key = (_OPTIMIZER_STEPS[0], *((t.data_ptr(), t._version) for t in tensors))
         cache = self.__dict__.setdefault("_inference_cache", {})
         if name not in cache or cache[name][0] != key:
             cache[name] = (key, build())
