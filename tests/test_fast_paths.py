@@ -49,7 +49,7 @@ def _toy_recurrence(weight: torch.Tensor, recur: torch.Tensor, xs: list[torch.Te
     loss = 0.0
     for t, x in enumerate(xs):
         n = x.shape[0]
-        h = torch.tanh(u.addmm(w_h.addmm(w_x.addmm(bias, x), h[:n]), h[:n], inplace=True))
+        h = torch.tanh(u.addmm(w_h.addmm(w_x.addmm(bias, x), h[:n]), h[:n]))
         if not (skip_last and t == len(xs) - 1):
             loss = loss + (h ** 2).sum() * (t + 1)
     return loss

@@ -91,11 +91,10 @@ class StepWeight:
     def __init__(self, block: Tensor, record: _Record | None = None, index: int = 0) -> None:
         self.block, self._record, self._index = block, record, index
 
-    def addmm(self, base: Tensor, x: Tensor, inplace: bool = False) -> Tensor:
-        """``inplace`` lets the plain path accumulate into ``base`` (a fresh tensor of the output's shape that
-        autograd does not need, e.g. the previous addmm's output)."""
+    def addmm(self, base: Tensor, x: Tensor) -> Tensor:
+        """base + x @ W_b^T."""
         if self._record is None:
-            return base.addmm_(x, self.block.t()) if inplace else torch.addmm(base, x, self.block.t())
+            return torch.addmm(base, x, self.block.t())
         inputs = self._record.inputs[self._index]
         inputs.append(x.detach())
         return _StepMatmul.apply(base, x, self.block, self._record, self._index, len(inputs) - 1)
