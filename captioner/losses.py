@@ -86,7 +86,7 @@ class _TokenNLL(torch.autograd.Function):
     F.cross_entropy does the same as log_softmax + nll_loss, whose backward writes a zero (R, V) tensor,
     scatters into it and then runs log_softmax's backward over it (three full passes); here the backward
     is one pass that writes exp(logits - lse) * g and one scatter of -g at the targets. Forward keeps
-    only the per-row log-sum-exp. tests/test_losses.py compares values and gradients with F.cross_entropy.
+    only the per-row log-sum-exp. tests/test_fast_paths.py compares values and gradients with F.cross_entropy.
     """
 
     @staticmethod
@@ -201,7 +201,7 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
     n_tokens = mask.sum().clamp(min=1.0)
     logits, real_targets, caption = real_token_logits(output, targets)  # (R, V), (R,), (R,)
     log_py = -token_nll(logits, real_targets)  # (R,) log p(y_t | s̃, a) of the real tokens
-    reward = log_py.detach().new_zeros(targets.shape[0]).index_add_(0, caption, log_py.detach())  # (B,): R = log p(y | s̃, a)
+    reward = log_py.new_zeros(targets.shape[0]).index_add_(0, caption, log_py.detach())  # (B,): R = log p(y | s̃, a)
     log_ps = (_at_least_float32(output.log_probs) * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
     entropy = (_at_least_float32(output.entropies) * mask).sum()  # Σ over real steps and images
     if sampled is None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -221,17 +222,25 @@ class ShowAttendTellDecoder(nn.Module):
         (A, H) when it exposes one, the gate (1 or Z, H); so one matmul per step gives the LSTM's recurrent
         share, the projected query and the gate's logit. Returns (weight, bias of the stack or None, A).
 
-        Without autograd the stack is cached until a parameter changes (step() runs once per word)."""
+        Without autograd the stack and its bias are cached until a parameter changes (step() runs once per
+        word)."""
         query = self.attention.query_weight
         parts = [self.lstm.weight_hh] + ([query] if query is not None else []) + \
                 ([self.gate.weight] if self.gate is not None else [])
         A = 0 if query is None else query.shape[0]
         if len(parts) == 1:
             return parts[0], None, A
-        weight = torch.cat(parts) if torch.is_grad_enabled() else self._cached("hidden", parts, lambda: torch.cat(parts))
-        bias = None
-        if self.gate is not None:  # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
-            bias = torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features), self.gate.bias])
+
+        def stack() -> tuple[Tensor, Tensor | None]:
+            weight = torch.cat(parts)
+            if self.gate is None:
+                return weight, None
+            # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
+            return weight, torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features),
+                                      self.gate.bias])
+
+        gate_bias = [self.gate.bias] if self.gate is not None else []
+        weight, bias = stack() if torch.is_grad_enabled() else self._cached("hidden", parts + gate_bias, stack)
         return weight, bias, A
 
     def _step_weights(self) -> "_LoopWeights":
@@ -242,7 +251,7 @@ class ShowAttendTellDecoder(nn.Module):
         (hidden,) = step_weights(weight, None, self.defer_weight_grads)
         return _LoopWeights(word, context, hidden, bias, A)
 
-    def _cached(self, name: str, tensors: list[Tensor], build) -> Tensor:
+    def _cached(self, name: str, tensors: list[Tensor], build: Callable[[], Any]) -> Any:
         """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place, or any
         optimizer steps. For inference only. A tensor's _version counts in-place updates (load_state_dict,
         p.add_()), but fused optimizer kernels (Adam(fused=True)) do not bump it: the count of optimizer
