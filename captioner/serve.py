@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")  # python-multipart imports as `multipart`
 INSTALL_HINT = "pip install 'captioner[serve]'"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+OVERLAY_OPACITY = 0.5
 OVERLAY_MAX_SIDE = 384  # pixels: the page shows overlays at this size, and smaller PNGs travel faster
 PAGE_FILE = "serve_page.html"  # beside this module: the page, its style and its script in one file
 
@@ -65,36 +64,6 @@ def display_image(image: Any, transform: Any, max_side: int = OVERLAY_MAX_SIDE) 
         img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
                          Image.Resampling.BICUBIC)
     return img
-
-
-def render_word_overlays(
-    image: Any,
-    alphas: Any,
-    grid_hw: tuple[int, int],
-    locations: Sequence[int] | None = None,
-    *,
-    cmap: str = "jet",
-    opacity: float = 0.5,
-) -> list[Any]:
-    """One RGB PIL image per word: ``image`` with the word's alpha (n_words, H*W) laid over it, smoothed and
-    scaled to its maximum as in ``captioner.visualize``; hard attention's read cell outlined in white."""
-    from matplotlib import colormaps
-    from PIL import Image, ImageDraw
-
-    from captioner.visualize import _cell_rectangle, attention_heatmap
-
-    base = np.asarray(image, dtype=np.float32)  # (H_img, W_img, 3)
-    colour_map = colormaps[cmap]
-    frames = []
-    for i, alpha in enumerate(np.asarray(alphas, dtype=np.float32)):
-        heat = attention_heatmap(alpha, grid_hw, image.size)  # (H_img, W_img) in [0, 1]
-        colour = colour_map(heat)[..., :3] * 255.0  # RGBA -> RGB
-        frame = Image.fromarray(((1 - opacity) * base + opacity * colour).clip(0, 255).astype(np.uint8))
-        if locations is not None:
-            x, y, w, h = _cell_rectangle(locations[i], grid_hw, image.size)
-            ImageDraw.Draw(frame).rectangle([x, y, x + w - 1, y + h - 1], outline="white", width=2)
-        frames.append(frame)
-    return frames
 
 
 def png_data_url(image: Any) -> str:
@@ -139,6 +108,7 @@ def caption_image(
     ``cells`` is the (row, column) read per word by hard attention in "argmax"/"sample" mode, else None.
     """
     from captioner.search import normalise_score
+    from captioner.visualize import overlay_frames
 
     n_best = beam if n_best is None else n_best
     start = time.perf_counter()
@@ -154,7 +124,7 @@ def caption_image(
     H, W = out["grid_hw"]
     locations = out["locations"]
     shown = display_image(image, model.transform)
-    overlays = render_word_overlays(shown, out["alphas"], (H, W), locations)
+    overlays = overlay_frames(shown, out["alphas"], (H, W), chosen=locations, opacity=OVERLAY_OPACITY)
     return {
         "caption": out["caption"],
         "words": out["words"],

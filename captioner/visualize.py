@@ -156,6 +156,35 @@ def overlay_attention(
     return fig
 
 
+def overlay_frames(
+    image: Image.Image,
+    alphas: Any,
+    grid_hw: tuple[int, int],
+    *,
+    chosen: Sequence[int | None] | None = None,
+    smooth: bool = True,
+    cmap: str = "jet",
+    opacity: float = 0.6,
+    upsample: str = "bicubic",
+) -> list[Image.Image]:
+    """One RGB image per word: ``image`` with the word's alpha (n_words, H*W) laid over it (smoothed,
+    scaled to its own maximum); the cell hard attention read (``chosen``) outlined in white."""
+    a = _as_numpy(alphas)
+    img = _rgb(image)
+    base = np.asarray(img, dtype=np.float32)  # (H_img, W_img, 3)
+    colour_map = colormaps[cmap]
+    frames = []
+    for i, alpha in enumerate(a):
+        heat = attention_heatmap(alpha, grid_hw, img.size, smooth=smooth, upsample=upsample)
+        colour = colour_map(heat)[..., :3] * 255.0  # (H_img, W_img, 4) -> RGB
+        frame = Image.fromarray(((1 - opacity) * base + opacity * colour).clip(0, 255).astype(np.uint8))
+        if chosen is not None and chosen[i] is not None:
+            x, y, w, h = _cell_rectangle(int(chosen[i]), grid_hw, img.size)
+            ImageDraw.Draw(frame).rectangle([x, y, x + w - 1, y + h - 1], outline="white", width=2)
+        frames.append(frame)
+    return frames
+
+
 def save_attention_gif(
     image: Image.Image,
     words: Sequence[str],
@@ -174,24 +203,16 @@ def save_attention_gif(
     a = _check_inputs(words, alphas, grid_hw, chosen)
     if not words:
         raise ValueError("save_attention_gif needs at least one word (an empty caption has no attention to show)")
-    img = _rgb(image)
-    base = np.asarray(img, dtype=np.float32)  # (H_img, W_img, 3)
-    colour_map = colormaps[cmap]
+    overlays = overlay_frames(image, a, grid_hw, chosen=chosen, smooth=smooth, cmap=cmap, opacity=opacity,
+                              upsample=upsample)
     font = ImageFont.load_default()
     banner = 20
     frames = []
-    for i, word in enumerate(words):
-        heat = attention_heatmap(a[i], grid_hw, img.size, smooth=smooth, upsample=upsample)
-        colour = colour_map(heat)[..., :3] * 255.0  # (H_img, W_img, 4) -> RGB
-        blended = ((1 - opacity) * base + opacity * colour).clip(0, 255).astype(np.uint8)
-        frame = Image.new("RGB", (img.width, img.height + banner), "black")
-        frame.paste(Image.fromarray(blended), (0, 0))
-        draw = ImageDraw.Draw(frame)
-        if chosen is not None and chosen[i] is not None:
-            x, y, w, h = _cell_rectangle(chosen[i], grid_hw, img.size)
-            draw.rectangle([x, y, x + w - 1, y + h - 1], outline="white", width=2)
+    for i, (word, overlay) in enumerate(zip(words, overlays)):
+        frame = Image.new("RGB", (overlay.width, overlay.height + banner), "black")
+        frame.paste(overlay, (0, 0))
         # the counter also keeps consecutive frames distinct, which PIL would otherwise merge
-        draw.text((4, img.height + 4), f"{i + 1}/{len(words)} {word}", fill="white", font=font)
+        ImageDraw.Draw(frame).text((4, overlay.height + 4), f"{i + 1}/{len(words)} {word}", fill="white", font=font)
         frames.append(frame)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

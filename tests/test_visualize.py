@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner.visualize import attention_heatmap, overlay_attention, save_attention_gif
+from captioner.visualize import attention_heatmap, overlay_attention, overlay_frames, save_attention_gif
 
 GRID = (4, 5)  # H, W: non-square on purpose
 WORDS = ["a", "red", "circle"]
@@ -60,3 +60,20 @@ def test_mismatched_alphas_shape_names_the_sizes():
         save_attention_gif(image, WORDS, alphas, (4, 4), "unused.gif")
     with pytest.raises(ValueError, match="chosen"):
         overlay_attention(image, WORDS, alphas, GRID, chosen=[0])
+
+
+def test_overlay_is_hottest_where_alpha_is_and_outlines_the_read_cell():
+    image = Image.new("RGB", (120, 80), (128, 128, 128))
+    H, W = 2, 3
+    alphas = np.zeros((2, H * W), dtype=np.float32)
+    alphas[0, 5] = 1.0  # bottom right
+    alphas[1, 0] = 1.0  # top left
+    frames = overlay_frames(image, alphas, (H, W), chosen=[5, 0], opacity=0.5)
+    for frame, (row, col) in zip(frames, [(1, 2), (0, 0)]):
+        rgb = np.asarray(frame, dtype=np.int16)
+        heat = rgb[..., 0] - rgb[..., 2]  # jet: red where alpha is high, blue where it is low
+        y, x = np.unravel_index(heat.argmax(), heat.shape)
+        assert (y // 40, x // 40) == (row, col)
+        x0, y0 = col * 40, row * 40
+        assert (rgb[y0 + 20, x0] == 255).all() and (rgb[y0, x0 + 20] == 255).all()  # white outline
+        assert not (rgb[y0 + 20, x0 + 20] == 255).all()  # inside the cell: the map, not the outline
