@@ -114,6 +114,78 @@ def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     return _TokenNLL.apply(logits, targets)
 
 
+class _LinearTokenNLL(torch.autograd.Function):
+    """-log softmax(x W^T + b)[target] per row: the output layer and the cross-entropy as one function.
+
+    Unfused, the (R, V) logits go through the bias copy and the matmul, log-sum-exp (max, a fresh x - max,
+    exp, sum) and a backward that forms softmax - onehot in another fresh (R, V) buffer before two matmuls.
+    Here the logits' buffer becomes E = exp(logits - max) in place (kept for the backward, as the logits
+    would be) and the one-hot part is handled on the R target rows only:
+
+        nll = log s + max - logit[target],   s = Σ_v E_v
+        dlogits = g (E / s - onehot)  ->  dx = (g/s) E W - g W[target],   dW = E^T (g/s x) - Σ_r onehot_r (g x)_r,
+                                          db = E^T (g/s) - Σ_r onehot_r g_r
+
+    So the backward is the two matmuls any linear layer needs, one matrix-vector product for db, and no
+    (R, V) temporary; E is never written after the forward, so a second backward (retain_graph) is exact.
+    tests/test_fast_paths.py compares values and gradients with F.linear + F.cross_entropy.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
+        logits = torch.addmm(bias, x, weight.t()) if bias is not None else x.mm(weight.t())  # (R, V)
+        target_logit = logits.gather(1, targets.unsqueeze(1))  # (R, 1)
+        top = logits.amax(dim=1, keepdim=True)  # (R, 1)
+        exp = logits.sub_(top).exp_()  # (R, V): E, in the logits' buffer
+        total = exp.sum(dim=1, keepdim=True)  # (R, 1): s
+        ctx.save_for_backward(x, weight, targets, exp, total)
+        ctx.has_bias = bias is not None
+        return (total.log() + top - target_logit).squeeze(1)  # (R,)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, targets, exp, total = ctx.saved_tensors
+        g = grad.unsqueeze(1).to(x.dtype)  # (R, 1)
+        g_s = g / total  # (R, 1)
+        dx = dweight = dbias = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.addcmul(exp.mm(weight).mul_(g_s), weight.index_select(0, targets), g, value=-1)  # (R, E)
+        if ctx.needs_input_grad[1]:
+            dweight = exp.t().mm(x * g_s).index_add_(0, targets, x * g, alpha=-1)  # (V, E)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            dbias = exp.t().mv(g_s.squeeze(1)).index_add_(0, targets, g.squeeze(1), alpha=-1)  # (V,)
+        return dx, dweight, dbias, None
+
+
+def linear_token_nll(x: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
+    """token_nll(F.linear(x, weight, bias), targets) with the output layer fused in: x (R, E), weight (V, E),
+    targets (R,) -> (R,). Falls back to the two separate steps under autocast and for reduced-precision inputs,
+    where the matmul's precision is autocast's to choose."""
+    fused = (x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype
+             and not torch.is_autocast_enabled(x.device.type))
+    if not fused:
+        return token_nll(F.linear(x, weight, bias), targets)
+    return _LinearTokenNLL.apply(x, weight, bias, targets)
+
+
+def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """-log p of the real (unpadded) target tokens, packed: (R,) NLL and (R,) caption index.
+
+    A DecoderOutput hands over the output layer's inputs on the real steps (``packed_features``): the output
+    layer then runs fused with the loss (linear_token_nll). Anything else with logits and mask goes through
+    real_token_logits.
+    """
+    features = getattr(output, "packed_features", None)
+    if features is None:
+        logits, real_targets, caption = real_token_logits(output, targets)
+        return token_nll(logits, real_targets), caption
+    B, T = targets.shape
+    rows = output.rows  # (R,) flat indices b * T + t
+    layer = output.output_layer
+    nll = linear_token_nll(features, layer.weight, layer.bias, targets.reshape(-1).index_select(0, rows))
+    return nll, torch.div(rows, T, rounding_mode="floor")
+
+
 def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The logits of the real (unpadded) target tokens, packed: (R, V) logits, (R,) targets and (R,) caption index.
 
@@ -140,8 +212,8 @@ def masked_cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tenso
 
 def sequence_cross_entropy(output: Any, targets: Tensor) -> Tensor:
     """masked_cross_entropy of a DecoderOutput (or anything with logits and mask): the packed fast path."""
-    logits, real_targets, _ = real_token_logits(output, targets)
-    return token_nll(logits, real_targets).sum() / max(real_targets.numel(), 1)
+    nll, _ = real_token_nll(output, targets)
+    return nll.sum() / max(nll.numel(), 1)
 
 
 def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
@@ -199,8 +271,8 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
                          "(log_probs and entropies are None: is the attention kind 'hard'?)")
     mask = output.mask.to(torch.float32)  # (B, T-1)
     n_tokens = mask.sum().clamp(min=1.0)
-    logits, real_targets, caption = real_token_logits(output, targets)  # (R, V), (R,), (R,)
-    log_py = -token_nll(logits, real_targets)  # (R,) log p(y_t | s̃, a) of the real tokens
+    nll, caption = real_token_nll(output, targets)  # (R,), (R,)
+    log_py = -nll  # (R,) log p(y_t | s̃, a) of the real tokens
     reward = log_py.new_zeros(targets.shape[0]).index_add_(0, caption, log_py.detach())  # (B,): R = log p(y | s̃, a)
     log_ps = (_at_least_float32(output.log_probs) * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
     entropy = (_at_least_float32(output.entropies) * mask).sum()  # Σ over real steps and images

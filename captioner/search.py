@@ -25,7 +25,8 @@ Conventions shared by all three searches:
   cell read (hard attention) returned by the step call that produced word i. Beam search reorders them
   with the beams; Hypothesis is built in one place (`_hypothesis`).
 - Log-probabilities are assumed <= 0 (log-softmaxed), which the beam search's early stop
-  relies on.
+  relies on. A step function may return them as `Logits` (logits and their log-normaliser): the
+  searches then read each row's best words without forming the dense log-softmax.
 - State tensors are never modified in place by the step function (it returns new tensors).
   Beam search relies on it: a state tensor the step function hands back as the very same
   object (e.g. the decoder's attention memory, (B*K, L, D)) still holds K identical rows per
@@ -56,6 +57,58 @@ class Hypothesis:
     alphas: Tensor | None  # (len(tokens), L) on the CPU, or None if the step gives no alpha
     finished: bool  # True when the caption ended with <end>
     locations: list[int] | None = None  # the cell read per word (hard attention), when the step function gives it
+
+
+def _row_topk(x: Tensor, k: int, width: int = 128) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=1) for wide rows (N, V), exact, in about half the time on the CPU: the row's k best
+    values lie in the k chunks of ``width`` columns with the largest maxima (each of them is at most its
+    chunk's maximum), so only those chunks (and the < width columns past the last whole chunk) are ranked."""
+    N, V = x.shape
+    C = V // width
+    if C <= k:
+        return x.topk(k, dim=1)
+    chunks = x.unfold(1, width, width)  # (N, C, width): a view
+    best = chunks.amax(dim=2).topk(k, dim=1).indices  # (N, k) chunks holding the row's k best
+    cols = (best[:, :, None] * width + torch.arange(width, device=x.device)).view(N, k * width)  # (N, k*width)
+    if C * width < V:  # the columns past the last whole chunk are always candidates
+        cols = torch.cat([cols, torch.arange(C * width, V, device=x.device).expand(N, -1)], dim=1)
+    values, pos = x.gather(1, cols).topk(k, dim=1)  # (N, k)
+    return values, cols.gather(1, pos)
+
+
+class Logits:
+    """A step's log-probabilities held as raw logits (N, V), handed over to the search.
+
+    A step function may return this instead of dense log-probs. The searches then ask for each row's
+    best words only (best()): their log-probs are taken from the logits (a row's order is the same under
+    log-softmax) and one log-sum-exp per row, so no (N, V) log-softmax and no (N, V) sum of beam scores is
+    ever written. Beam search is still exact: of an image's K x V candidates, only the K best words of each
+    beam can be among its K best. The search may overwrite the logits: best() consumes them.
+    """
+
+    def __init__(self, logits: Tensor) -> None:
+        self.logits = logits
+
+    def dense(self) -> Tensor:
+        """The (N, V) float32 log-probabilities."""
+        return torch.log_softmax(self.logits.float(), dim=1)
+
+    def best(self, k: int, banned: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
+        """(log-probs (N, k), word ids (N, k)) of each row's k most probable words other than ``banned``.
+        Banned words still count in the normaliser, as when dense log-probs are masked after the
+        log-softmax. Overwrites the logits (call once)."""
+        x = self.logits.float()  # (N, V); no copy for float32
+        top = x.amax(dim=1, keepdim=True)  # (N, 1), over every word
+        if banned:
+            ids = torch.tensor(list(banned), device=x.device)
+            kept = x.index_select(1, ids)  # (N, b)
+            x.index_fill_(1, ids, -math.inf)
+        values, words = _row_topk(x, k)  # (N, k)
+        total = x.sub_(top).exp_().sum(dim=1, keepdim=True)  # (N, 1); banned columns add exp(-inf) = 0
+        if banned:
+            total = total + (kept - top).exp().sum(dim=1, keepdim=True)
+        self.logits = None  # consumed
+        return values - (top + total.log()), words
 
 
 def normalise_score(score: float, length: int, length_penalty: float) -> float:
@@ -107,11 +160,13 @@ PerWord = "tuple[Tensor | None, ...]"  # per-word tensors of one step, each (N, 
 
 
 def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list[int]):
-    """One step call; returns float32 log-probs (rows, V) with the `banned` ids at -inf, the per-word tensors
-    as a tuple (alpha, and the read location when the step function gives one) or None, and the state."""
+    """One step call; returns float32 log-probs (rows, V) (or Logits, float32) with the `banned` ids at -inf,
+    the per-word tensors as a tuple (alpha, and the read location when the step function gives one) or None,
+    and the state."""
     log_probs, per_word, state = step_fn(tokens, state)
-    if log_probs.dim() != 2 or log_probs.size(0) != rows:
-        raise ValueError(f"step_fn must return log_probs (N={rows}, V), got shape {tuple(log_probs.shape)}")
+    scores = log_probs.logits if isinstance(log_probs, Logits) else log_probs
+    if scores.dim() != 2 or scores.size(0) != rows:
+        raise ValueError(f"step_fn must return log_probs (N={rows}, V), got shape {tuple(scores.shape)}")
     if per_word is not None:
         per_word = (per_word,) if isinstance(per_word, Tensor) else tuple(per_word)
         alpha = per_word[0]
@@ -122,6 +177,8 @@ def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list
         if bad:
             raise ValueError(f"step_fn's per-word tensors must have N={rows} rows, got shapes {bad}")
         per_word = tuple(x.detach() if x is not None else None for x in per_word)
+    if isinstance(log_probs, Logits):  # banned by the search that reads it (Logits.best)
+        return log_probs, per_word, state
     log_probs = log_probs.float()
     if banned:
         # index_fill is out of place: the caller's tensor is never modified
@@ -180,22 +237,30 @@ class _History:
 
 
 def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                        forbid_ids, choose):
-    """Shared loop of greedy and sampling; `choose(log_probs (B, V)) -> tokens (B,)`."""
+                        forbid_ids, choose, arg_max: bool = False):
+    """Shared loop of greedy and sampling; `choose(log_probs (B, V)) -> tokens (B,)`. With ``arg_max`` (greedy)
+    a step's Logits give their best word directly (Logits.best)."""
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
     B = batch_size
     tokens = torch.full((B,), start_id, dtype=torch.long, device=_state_device(state))
     scores = lengths = finished = history = None
     for t in range(max_length):
-        log_probs, per_word, state = _step(step_fn, tokens, state, B, _banned(t, end_id, min_length, forbid_ids))
+        banned = _banned(t, end_id, min_length, forbid_ids)
+        log_probs, per_word, state = _step(step_fn, tokens, state, B, banned)
+        if isinstance(log_probs, Logits) and arg_max:
+            word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned))  # (B,) each
+        else:
+            if isinstance(log_probs, Logits):
+                log_probs = log_probs.dense().index_fill(1, torch.tensor(banned, device=log_probs.logits.device),
+                                                         -math.inf) if banned else log_probs.dense()
+            word = choose(log_probs)  # (B,)
+            word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
         if scores is None:  # created on the device the model answers on
-            scores = torch.zeros(B, device=log_probs.device)
-            lengths = torch.zeros(B, dtype=torch.long, device=log_probs.device)
-            finished = torch.zeros(B, dtype=torch.bool, device=log_probs.device)
-            history = _History(B, log_probs.device)
-        word = choose(log_probs)  # (B,)
-        word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
+            scores = torch.zeros(B, device=word_lp.device)
+            lengths = torch.zeros(B, dtype=torch.long, device=word_lp.device)
+            finished = torch.zeros(B, dtype=torch.bool, device=word_lp.device)
+            history = _History(B, word_lp.device)
         # rows already finished keep their score and length; what they are fed from now on is ignored
         scores = torch.where(finished, scores, scores + word_lp)
         is_end = word == end_id
@@ -239,7 +304,7 @@ def greedy_search(
         return log_probs.topk(1, dim=1).indices.squeeze(1)
 
     return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                               tuple(forbid_ids), choose)
+                               tuple(forbid_ids), choose, arg_max=True)
 
 
 def sample_search(
@@ -373,20 +438,24 @@ class _Beams:
 
     def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: list[int], t: int) -> None:
         """Step t: the K best (beam, word) continuations per image by raw score; finished beams stay frozen."""
-        B, K, N, V = len(self.active), self.K, self.rows, log_probs.size(1)
+        dense = log_probs.logits if isinstance(log_probs, Logits) else log_probs
+        B, K, N, V = len(self.active), self.K, self.rows, dense.size(1)
         if self.frozen_row is None:
-            self.frozen_row = torch.full((V,), -math.inf, device=log_probs.device)
+            self.frozen_row = torch.full((V,), -math.inf, device=dense.device)
             self.frozen_row[self.end_id] = 0.0
-            self.scores, self.finished = self.scores.to(log_probs.device), self.finished.to(log_probs.device)
-            self.history.words = self.history.words.to(log_probs.device)
-        cand = self.scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
-        if banned:
-            cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
-        if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
-            cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
-        top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
-        parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
-        word = (top_idx % V).view(N)  # (N,)
+            self.scores, self.finished = self.scores.to(dense.device), self.finished.to(dense.device)
+            self.history.words = self.history.words.to(dense.device)
+        if isinstance(log_probs, Logits):
+            top_scores, parent, word = self._best_of_rows(log_probs, banned)
+        else:
+            cand = self.scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
+            if banned:
+                cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
+            if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
+                cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
+            top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
+            parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
+            word = (top_idx % V).view(N)  # (N,)
         self.scores = top_scores.view(N)
         was_finished = self.finished.index_select(0, parent)
         newly = (word == self.end_id) & ~was_finished & torch.isfinite(self.scores)
@@ -402,6 +471,22 @@ class _Beams:
         self.steps = t + 1
         if bool(newly.any()):  # bookkeeping only on steps where some beam finishes
             self._pool_finished(newly.nonzero().squeeze(1).tolist(), t)
+
+    def _best_of_rows(self, step: Logits, banned: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """advance()'s K best continuations per image from Logits: each row's K best words (Logits.best), then
+        the K best of the image's K x K. Returns (top scores (B, K), parent (N,), word (N,))."""
+        B, K, N = len(self.active), self.K, self.rows
+        log_probs, words = step.best(K, banned)  # (N, K) each
+        cand = log_probs.add_(self.scores[:, None])  # (N, K)
+        if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
+            frozen = torch.full_like(cand, -math.inf)
+            frozen[:, 0] = self.scores
+            cand = torch.where(self.finished[:, None], frozen, cand)
+            words = torch.where(self.finished[:, None], torch.full_like(words, self.end_id), words)
+        top_scores, top_idx = cand.view(B, K * K).topk(K, dim=1)  # (B, K)
+        parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // K).view(N)
+        word = words.view(B, K * K).gather(1, top_idx).view(N)
+        return top_scores, parent, word
 
     def _pool_finished(self, rows: list[int], t: int) -> None:
         """Copy the beams that emitted <end> at step t to their images' pools (t words, <end> not stored)."""

@@ -161,6 +161,15 @@ def _build_decoder(s: dict, attention: str, device: str):
                                  dropout=0.5).to(device)
 
 
+def _build_baseline(s: dict, device: str):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from baseline import PlainDecoder
+
+    torch.manual_seed(0)
+    return PlainDecoder(s["vocab"], s["feature_dim"], embed_dim=s["embed_dim"], hidden_dim=s["hidden_dim"],
+                        attention_dim=s["attention_dim"], dropout=0.5).to(device)
+
+
 def _synthetic_batch(s: dict, device: str, seed: int = 0):
     """Grid (B, L, D) and captions (B, T) <start> w_1 .. w_n <end> <pad> ...: every caption has s["tokens"]
     tokens, or (F8K) lengths drawn from Flickr8k's, T the longest."""
@@ -228,6 +237,10 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=amp)
     models = {}
     for kind in attentions:
+        if kind == "baseline":  # the plain per-step implementation (scripts/baseline.py), plain Adam
+            decoder = _build_baseline(s, device).train()
+            models[kind] = (decoder, torch.optim.Adam(decoder.parameters(), lr=1e-4))
+            continue
         decoder = _build_decoder(s, kind, device).train()
         models[kind] = (decoder, build_optimizer("adam", decoder.parameters(), lr=1e-4))
     times: dict[str, list[float]] = {kind: [] for kind in attentions}
@@ -236,7 +249,9 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
             _sync(device)
             start = time.perf_counter()
             with autocast:
-                if kind == "hard":  # REINFORCE in "sample" mode; a fixed baseline keeps every step's work equal
+                if kind == "baseline":
+                    loss = decoder.loss(grid, captions, lengths)
+                elif kind == "hard":  # REINFORCE in "sample" mode; a fixed baseline keeps every step's work equal
                     out = decoder(grid, captions, lengths, attention_mode="sample")
                     loss = hard_attention_loss(out, targets, baseline=0.0).loss
                 else:
@@ -250,10 +265,11 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     result = {}
     for kind, (decoder, _) in models.items():
         step_s = statistics.median(times[kind])
-        steps = float(lengths.float().mean()) - 1  # words predicted per caption (all s["tokens"] - 1 but in F8K)
-        flops = caption_train_flops(decoder, s["grid"] ** 2, steps, soft=kind != "hard")
-        result[kind] = {"train_caps_per_s": s["batch"] / step_s, "train_step_s": step_s,
-                        "train_useful_gflop_per_caption": flops / 1e9}
+        result[kind] = {"train_caps_per_s": s["batch"] / step_s, "train_step_s": step_s}
+        if kind != "baseline":
+            steps = float(lengths.float().mean()) - 1  # words predicted per caption (all s["tokens"] - 1 but F8K)
+            flops = caption_train_flops(decoder, s["grid"] ** 2, steps, soft=kind != "hard")
+            result[kind]["train_useful_gflop_per_caption"] = flops / 1e9
         if len(models) == 1:
             result[kind]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
             if device.startswith("cuda"):
@@ -261,6 +277,9 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     if "hard" in times and "soft" in times:
         ratios = [h / s for h, s in zip(times["hard"], times["soft"])]  # paired: same moment, same load
         result["hard"]["hard_soft_time_ratio"] = statistics.median(ratios)
+    if "baseline" in times and "soft" in times:
+        ratios = [b / s for b, s in zip(times["baseline"], times["soft"])]  # paired, as above
+        result["soft"]["train_speedup_vs_baseline"] = statistics.median(ratios)
     return result
 
 
@@ -277,8 +296,9 @@ def bench_train_one(config: str, attentions: tuple[str, ...] = ("soft",), quick:
 
 
 def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", threads: int = 2,
-                     amp: bool = False, beams: tuple[int, ...] = (1, 3, 5)) -> dict:
-    """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each."""
+                     amp: bool = False, beams: tuple[int, ...] = (1, 3, 5), with_baseline: bool = True) -> dict:
+    """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each;
+    with_baseline: also the plain implementation's (scripts/baseline.py: one image at a time) and the ratio."""
     from captioner.search import beam_search, greedy_search
 
     torch.set_num_threads(threads)
@@ -288,6 +308,10 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
     B, n = s["batch"], s["decode_length"]
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=amp)
 
+    def step(tokens, state):  # what Captioner.generate hands the searches
+        log_probs, alpha, location, state = decoder.step_with_location(tokens, state, dense=False)
+        return log_probs, (alpha, location), state
+
     def run(beam: int, length: int) -> None:
         with torch.inference_mode(), autocast:
             state = decoder.init_state(grid)
@@ -295,22 +319,32 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
             common = dict(batch_size=B, start_id=1, end_id=2, max_length=length, min_length=length,
                           forbid_ids=(0, 1))
             if beam == 1:
-                greedy_search(decoder.step, state, **common)
+                greedy_search(step, state, **common)
             else:
                 # the K beams of an image share its attention memory (not copied K times)
-                beam_search(decoder.step, state, beam_size=beam, expand=decoder.expand_state, **common)
+                beam_search(step, state, beam_size=beam, expand=decoder.expand_state, **common)
         _sync(device)
+
+    baseline = _build_baseline(s, device).eval() if with_baseline else None
+
+    def run_baseline(beam: int, length: int) -> None:
+        baseline.beam_search(grid, beam, start_id=1, length=length)
 
     result = {}
     for beam in beams:
-        run(beam, 2)  # warm-up: allocator and kernels at this beam's batch size
-        times = []
-        for _ in range(s["decode_repeats"]):
-            start = time.perf_counter()
-            run(beam, n)
-            times.append(time.perf_counter() - start)
         key = "greedy_img_per_s" if beam == 1 else f"beam{beam}_img_per_s"
-        result[key] = B / min(times)  # best of the repeats: the machine is shared
+        for name, fn, repeats in (("", run, s["decode_repeats"]), ("baseline_", run_baseline, 1)):
+            if name and baseline is None:
+                continue
+            fn(beam, 2)  # warm-up: allocator and kernels at this beam's batch size
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn(beam, n)
+                times.append(time.perf_counter() - start)
+            result[name + key] = B / min(times)  # best of the repeats: the machine is shared
+        if baseline is not None:
+            result[f"{key.replace('_img_per_s', '')}_speedup_vs_baseline"] = result[key] / result["baseline_" + key]
     return result
 
 
@@ -341,10 +375,16 @@ def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp:
         pair = bench_train_one(config, ("soft", "hard"), quick, device, threads)
         hard = pair["hard"]
         hard["soft_train_caps_per_s_alongside"] = pair["soft"]["train_caps_per_s"]
+        # the plain implementation (scripts/baseline.py), its steps alternating with soft ones: a paired ratio
+        versus = bench_train_one(config, ("soft", "baseline"), quick, device, threads)
+        soft["train_speedup_vs_baseline"] = versus["soft"]["train_speedup_vs_baseline"]
+        result[f"{config}_baseline"] = {"train_caps_per_s": versus["baseline"]["train_caps_per_s"],
+                                        "soft_train_caps_per_s_alongside": versus["soft"]["train_caps_per_s"]}
         if amp:
             bf16 = bench_train_one(config, ("soft",), quick, device, threads, amp=True)["soft"]
             soft["train_caps_per_s_bf16"] = bf16["train_caps_per_s"]
         result[config], result[f"{config}_hard"] = soft, hard
+        result[f"{config}_baseline"] = result.pop(f"{config}_baseline")  # after the hard row
     return result
 
 
@@ -353,7 +393,7 @@ def bench_decode(quick: bool = False, device: str = "cpu", threads: int = 2, amp
     for config in CONFIGS:
         result[config] = bench_decode_one(config, quick, device, threads)
         if amp:
-            bf16 = bench_decode_one(config, quick, device, threads, amp=True)
+            bf16 = bench_decode_one(config, quick, device, threads, amp=True, with_baseline=False)
             result[config].update({f"{k}_bf16": v for k, v in bf16.items()})
     return result
 
@@ -432,7 +472,7 @@ def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: 
 def add_useful_flops(results: dict) -> None:
     """train_useful_gflops (useful FLOPs x captions/s) and its fraction of the same run's matmul rate."""
     for key, row in results.items():
-        if isinstance(row, dict) and "train_caps_per_s" in row:
+        if isinstance(row, dict) and "train_useful_gflop_per_caption" in row:
             row["train_useful_gflops"] = row["train_useful_gflop_per_caption"] * row["train_caps_per_s"]
             if "matmul_gflops" in results:
                 row["train_frac_of_matmul"] = row["train_useful_gflops"] / results["matmul_gflops"]

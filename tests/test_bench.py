@@ -55,13 +55,21 @@ def test_train_worker_reports_positive_numbers(one_thread):
     pair = bench._train_worker("R7", ["soft", "hard"], quick=True, device="cpu", threads=one_thread, amp=False)
     assert pair["hard"]["train_caps_per_s"] > 0 and pair["hard"]["hard_soft_time_ratio"] > 0
     assert "peak_rss_mb" not in pair["hard"]  # two models in one process: not one configuration's RSS
+    versus = bench._train_worker("F8K", ["soft", "baseline"], quick=True, device="cpu", threads=one_thread, amp=False)
+    assert versus["baseline"]["train_caps_per_s"] > 0 and versus["soft"]["train_speedup_vs_baseline"] > 0
+    assert "train_useful_gflop_per_caption" not in versus["baseline"]  # counted for this project's model only
 
 
 def test_decode_and_matmul_report_positive_numbers(one_thread):
     bench = load_bench()
     out = bench.bench_decode_one("R14", quick=True, threads=one_thread)
-    assert set(out) == {"greedy_img_per_s", "beam3_img_per_s", "beam5_img_per_s"}
+    decodes = ("greedy", "beam3", "beam5")
+    assert set(out) == ({f"{d}_img_per_s" for d in decodes} | {f"baseline_{d}_img_per_s" for d in decodes}
+                        | {f"{d}_speedup_vs_baseline" for d in decodes})
     assert all(v > 0 for v in out.values())
+    assert out["beam5_speedup_vs_baseline"] == pytest.approx(out["beam5_img_per_s"] / out["baseline_beam5_img_per_s"])
+    assert set(bench.bench_decode_one("R14", quick=True, threads=one_thread, beams=(1,), with_baseline=False)) \
+        == {"greedy_img_per_s"}
     assert bench.bench_matmul(threads=one_thread, repeats=1)["matmul_gflops"] > 0
 
 
@@ -94,6 +102,8 @@ def test_cli_quick_json_has_every_configuration():
             assert results[config][key] > 0, (config, key)
         hard = results[f"{config}_hard"]
         assert hard["train_caps_per_s"] > 0 and hard["hard_soft_time_ratio"] > 0
+        assert results[config]["train_speedup_vs_baseline"] > 0 and results[config]["beam5_speedup_vs_baseline"] > 0
+        assert results[f"{config}_baseline"]["train_caps_per_s"] > 0
 
 
 def test_scst_bench_reports_the_reward_share(one_thread):

@@ -103,7 +103,7 @@ def _crafted_step(end_first: float, word_first: float, end_after: float, word_af
     "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a" ``word_after``;
     everything else is (nearly) impossible."""
 
-    def step(tokens, state, attention_mode="soft"):
+    def step(tokens, state, attention_mode="soft", dense=True):
         N = tokens.shape[0]
         log_probs = torch.full((N, 8), -50.0)
         at_start = tokens == 1

@@ -181,8 +181,10 @@ def test_keys_projected_once_and_output_layer_applied_once(kind):
     dec.attention.prepare = counting_prepare
     dec.out.register_forward_hook(lambda *_: calls.__setitem__("out", calls["out"] + 1))
     grid, captions, lengths = batch(t=10)
-    dec(grid, captions, lengths)
-    assert calls == {"prepare": 1, "out": 1}
+    out = dec(grid, captions, lengths)
+    assert calls == {"prepare": 1, "out": 0}  # L_o runs in the loss, fused with the cross-entropy
+    out.logits, out.logits, out.packed_logits
+    assert calls == {"prepare": 1, "out": 1}  # once, for all real steps, when the logits are asked for
 
 
 def test_state_can_be_reordered_and_expanded_for_beam_search():

@@ -1,6 +1,7 @@
 """The training fast paths against plain implementations, so a hand-written backward cannot drift.
 
-- losses.token_nll (one-pass backward) against F.cross_entropy;
+- losses.token_nll (one-pass backward) and losses.linear_token_nll (output layer fused with it) against
+  F.linear + F.cross_entropy;
 - models/deferred.StepWeight (weight gradients formed once per sequence) against per-step autograd;
 - the decoder's whole training loss (sorted, shrinking batch, packed output layer, deferred LSTM weight
   gradients, token_nll) against a plain step-by-step Show-Attend-Tell written here with nn.LSTMCell and
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.losses import hard_attention_loss, soft_attention_loss, token_nll
+from captioner.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
 from captioner.models.decoder import ShowAttendTellDecoder
 from captioner.models.deferred import step_weights
 
@@ -35,6 +36,46 @@ def test_token_nll_equals_cross_entropy(dtype):
     (ref * weights.to(ref.dtype)).sum().backward()
     assert x_fast.grad.dtype == dtype
     torch.testing.assert_close(x_fast.grad, x_ref.grad, atol=tol if dtype != torch.bfloat16 else 1e-2, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,bias", [(torch.float32, True), (torch.float64, True), (torch.float64, False)])
+def test_linear_token_nll_equals_linear_then_cross_entropy(dtype, bias):
+    g = torch.Generator().manual_seed(1)
+    R, E, V = 29, 11, 47
+    x = (torch.randn(R, E, generator=g) * 2).to(dtype)
+    W = torch.randn(V, E, generator=g).to(dtype)
+    b = torch.randn(V, generator=g).to(dtype) if bias else None
+    targets = torch.randint(0, V, (R,), generator=g)
+    targets[:5] = targets[0]  # repeated targets: their onehot gradients add up in W and b
+    weights = torch.rand(R, generator=g, dtype=dtype)
+    leaves = [x, W] + ([b] if bias else [])
+    fast_in = [t.clone().requires_grad_() for t in leaves]
+    ref_in = [t.clone().requires_grad_() for t in leaves]
+    fast = linear_token_nll(fast_in[0], fast_in[1], fast_in[2] if bias else None, targets)
+    ref = F.cross_entropy(F.linear(ref_in[0], ref_in[1], ref_in[2] if bias else None), targets, reduction="none")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
+    (fast * weights).sum().backward(retain_graph=True)
+    (ref * weights).sum().backward()
+    for a, r in zip(fast_in, ref_in):
+        torch.testing.assert_close(a.grad, r.grad, atol=tol, rtol=tol)
+    first = [a.grad.clone() for a in fast_in]
+    (fast * weights).sum().backward()  # the saved buffer is not consumed: a second backward is exact
+    for a, once in zip(fast_in, first):
+        torch.testing.assert_close(a.grad, 2 * once, atol=tol, rtol=tol)
+
+
+def test_linear_token_nll_under_autocast_falls_back_to_the_plain_layer():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(13, 8, generator=g, requires_grad=True)
+    W = torch.randn(21, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 21, (13,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        nll = linear_token_nll(x, W, None, targets)
+    ref = F.cross_entropy(F.linear(x, W), targets, reduction="none")
+    torch.testing.assert_close(nll, ref.detach(), atol=0.1, rtol=0.05)  # bf16 matmul
+    nll.sum().backward()
+    assert x.grad is not None and W.grad is not None and W.grad.dtype == torch.float32
 
 
 def _toy_recurrence(weight: torch.Tensor, recur: torch.Tensor, xs: list[torch.Tensor], defer: bool,

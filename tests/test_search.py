@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from captioner.search import Hypothesis, beam_search, greedy_search, map_state, sample_search
+from captioner.search import Hypothesis, Logits, _row_topk, beam_search, greedy_search, map_state, sample_search
 
 PAD, START, END = 0, 1, 2
 
@@ -342,3 +342,77 @@ def test_per_word_locations_follow_their_beams():
                 inputs = [1] + h.tokens[:-1]  # the word fed at each step
                 assert h.locations == [w % L for w in inputs]
                 assert h.alphas.argmax(1).tolist() == h.locations
+
+
+# ---------------------------------------------------------------------------------------
+# step functions that hand over raw logits (search.Logits) decode exactly like dense log-probs
+
+
+class LogitsStep:
+    """RandomStep's model, answering with Logits (raw logits, shifted by a per-row constant so that only the
+    search's own normalisation can make them log-probs)."""
+
+    def __init__(self, model: RandomStep):
+        self.model = model
+
+    def __call__(self, tokens, state):
+        log_probs, alpha, state = self.model(tokens, state)
+        shift = torch.linspace(-3.0, 5.0, tokens.shape[0], dtype=log_probs.dtype)[:, None]
+        return Logits(log_probs + shift), alpha, state
+
+
+@pytest.mark.parametrize("seed,K,n_best,min_length,banned", [(0, 3, 2, 0, ()), (1, 4, 4, 3, (PAD, START, 5)),
+                                                            (2, 1, 1, 0, (PAD, START)), (3, 5, 3, 2, (4,))])
+def test_beam_search_from_logits_equals_dense_log_probs(seed, K, n_best, min_length, banned):
+    m = RandomStep(seed=seed, end_bias=3.0)
+    common = dict(beam_size=K, max_length=8, n_best=n_best, min_length=min_length, forbid_ids=banned)
+    dense = beam_search(m, m.init_state(6), 6, START, END, **common)
+    fast = beam_search(LogitsStep(m), m.init_state(6), 6, START, END, **common)
+    assert any(h.finished for hyps in dense for h in hyps) and any(len(h.tokens) < 8 for hyps in dense for h in hyps)
+    for a, b in zip(dense, fast):
+        assert len(a) == len(b)
+        for ha, hb in zip(a, b):
+            same(ha, hb, exact=False)
+            assert torch.equal(ha.alphas, hb.alphas)
+
+
+@pytest.mark.parametrize("banned", [(), (PAD, START, 3)])
+def test_greedy_from_logits_equals_dense_and_equals_beam_one(banned):
+    m = RandomStep(seed=5, end_bias=0.5)
+    dense = greedy_search(m, m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned)
+    fast = greedy_search(LogitsStep(m), m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned)
+    beam = beam_search(LogitsStep(m), m.init_state(6), 6, START, END, beam_size=1, max_length=9, forbid_ids=banned)
+    for a, b, c in zip(dense, fast, beam):
+        same(a[0], b[0], exact=False)
+        same(b[0], c[0], exact=False)  # rows leave the beam search as images finish: other shifts, other rounding
+    sampled = sample_search(LogitsStep(m), m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned,
+                            generator=torch.Generator().manual_seed(0))
+    reference = sample_search(m, m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned,
+                              generator=torch.Generator().manual_seed(0))
+    for a, b in zip(sampled, reference):
+        same(a[0], b[0], exact=False)
+
+
+def test_logits_best_counts_banned_words_in_the_normaliser():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    expected = torch.log_softmax(logits, dim=1)
+    values, words = Logits(logits.clone()).best(2, banned=[4])
+    assert words.tolist() == [[0, 1], [0, 1]] or words[1].tolist() != words[0].tolist()  # row 2 ties: any two
+    assert words[0].tolist() == [0, 1]
+    torch.testing.assert_close(values[0], expected[0, [0, 1]])
+    torch.testing.assert_close(values[1], expected[1, :2])
+    assert 4 not in words[1].tolist()
+
+
+@pytest.mark.parametrize("V,k", [(10_000, 5), (10_000, 1), (2_541, 8), (300, 3), (129, 1), (40, 5)])
+def test_row_topk_equals_topk(V, k):
+    x = torch.randn(37, V, generator=torch.Generator().manual_seed(V + k))
+    x[3, -1] = 50.0  # the best value in the columns past the last whole chunk
+    x[4, :] = -math.inf
+    x[4, 7] = 1.0  # one finite value: the others tie at -inf
+    expected = x.topk(k, dim=1)
+    values, index = _row_topk(x, k)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(x.gather(1, index), values)  # indices may differ only among equal values
+    rows = [r for r in range(37) if r != 4]
+    assert torch.equal(index[rows], expected.indices[rows])

@@ -149,7 +149,8 @@ class Captioner(nn.Module):
         def step_fn(tokens, state):
             # alpha and, in hard attention's "sample"/"argmax" modes, the cell read (else None) per word:
             # the search keeps both with the beams (Hypothesis.alphas / .locations)
-            log_probs, alpha, location, state = self.decoder.step_with_location(tokens, state, attention_mode=mode)
+            log_probs, alpha, location, state = self.decoder.step_with_location(tokens, state, attention_mode=mode,
+                                                                                dense=False)
             return log_probs, (alpha, location), state
 
         # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.

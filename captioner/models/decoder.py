@@ -17,7 +17,8 @@ _hidden_weight), attends, adds beta_t z_t times its weights and does the cell's 
 per-step weights' gradients are formed once per sequence (models/deferred.py).
 Captions are sorted by length so the recurrence runs only the captions still
 going at each step (the active batch shrinks); the output layer and the loss then run on the real
-steps only (DecoderOutput.packed_logits), never on padding.
+steps only (DecoderOutput.packed_features), never on padding, as one fused function
+(losses.linear_token_nll: no (R, V) temporaries beyond the one buffer the logits need).
 
 step() runs one word for N (image, partial caption) states for search; it reproduces the
 teacher-forced logits in eval mode (to float rounding: without autograd it gathers each word's share
@@ -36,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from captioner.models.attention import SoftAttention, build_attention, resolve_mode
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
+from captioner.search import Logits
 
 GATES = ("scalar", "vector", "none")
 
@@ -54,11 +56,14 @@ register_optimizer_step_post_hook(_count_optimizer_step)
 class DecoderOutput:
     """Teacher-forced decoding of captions (B, T).
 
-    packed_logits: (R, V) logits of the R real steps only (the output layer never runs on padding),
-        row r predicting the flat target rows[r] of captions[:, 1:] (b * (T-1) + t).
-    rows: (R,) those flat indices. losses.real_token_logits reads the pair.
+    packed_features: (R, E) the output layer's input (Eq. (7) before L_o, dropout applied) at the R real
+        steps only (the output layer never runs on padding), row r predicting the flat target rows[r] of
+        captions[:, 1:] (b * (T-1) + t).
+    output_layer: L_o. The losses run it fused with the cross-entropy (losses.real_token_nll).
+    rows: (R,) those flat indices.
+    packed_logits: (R, V) output_layer(packed_features): a property, computed on first use.
     logits: (B, T-1, V) predicting captions[:, 1:], zero at padded steps: a property, scattered from
-        packed_logits on first use (the losses do not need it).
+        packed_logits on first use (the losses need neither).
     alphas: (B, T-1, L), zero at padded steps.
     log_probs: (B, T-1) log p(s_t) of the attended locations (hard attention in "sample"/"argmax"
         modes; 0 at padded steps and for images under expectation_mask), else None.
@@ -66,13 +71,21 @@ class DecoderOutput:
     mask: (B, T-1) bool, True at real steps (t < length - 1).
     """
 
-    packed_logits: Tensor
+    packed_features: Tensor
+    output_layer: nn.Linear
     rows: Tensor
     alphas: Tensor
     log_probs: Tensor | None
     entropies: Tensor | None
     mask: Tensor
+    _packed_logits: Tensor | None = field(default=None, repr=False)
     _logits: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def packed_logits(self) -> Tensor:
+        if self._packed_logits is None:
+            self._packed_logits = self.output_layer(self.packed_features)  # (R, V)
+        return self._packed_logits
 
     @property
     def logits(self) -> Tensor:
@@ -229,10 +242,12 @@ class ShowAttendTellDecoder(nn.Module):
                 ([self.gate.weight] if self.gate is not None else [])
         A = 0 if query is None else query.shape[0]
         if len(parts) == 1:
-            return parts[0], None, A
+            return (parts[0] if torch.is_grad_enabled() else self._column_major("hidden", parts[0])), None, A
 
         def stack() -> tuple[Tensor, Tensor | None]:
             weight = torch.cat(parts)
+            if not torch.is_grad_enabled():
+                weight = weight.t().contiguous().t()  # column-major, see _column_major
             if self.gate is None:
                 return weight, None
             # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
@@ -246,10 +261,18 @@ class ShowAttendTellDecoder(nn.Module):
     def _step_weights(self) -> "_LoopWeights":
         """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py)."""
         E = self.embedding.embedding_dim
-        word, context = step_weights(self.lstm.weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
+        weight_ih = self.lstm.weight_ih if torch.is_grad_enabled() else self._column_major("weight_ih", self.lstm.weight_ih)
+        word, context = step_weights(weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
         weight, bias, A = self._hidden_weight()
         (hidden,) = step_weights(weight, None, self.defer_weight_grads)
         return _LoopWeights(word, context, hidden, bias, A)
+
+    def _column_major(self, name: str, weight: Tensor) -> Tensor:
+        """For inference: ``weight`` (out, in) with its values stored column by column (strides (1, out)), cached
+        per set of weights. x @ weight.t() is then a matmul of two row-major operands, which MKL runs faster for
+        the few rows of a decoding step (scripts/bench.py's shapes, 2 threads: L_o for 32 rows 3.5 -> 1.8 ms,
+        the stacked h_{t-1} weights 0.84 -> 0.58 ms; no gain from 160 rows on)."""
+        return self._cached(name, [weight], lambda: weight.t().contiguous().t())
 
     def _cached(self, name: str, tensors: list[Tensor], build: Callable[[], Any]) -> Any:
         """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place, or any
@@ -305,10 +328,17 @@ class ShowAttendTellDecoder(nn.Module):
         h = torch.sigmoid(o) * torch.tanh(c)  # (N, H)
         return h, c, z, read
 
-    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
-        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t), on any leading shape (``projected``: z is L_z z)."""
+    def _deep_features(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
+        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t), any leading shape (``projected``: z is L_z z)."""
         # Sums in place into the fresh L_h output (no temporaries of the full (B, T-1, E) size).
-        return self.out(self.dropout(self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb)))
+        return self.dropout(self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb))
+
+    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
+        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t)."""
+        features = self._deep_features(emb, h, z, projected)
+        if torch.is_grad_enabled():
+            return self.out(features)
+        return F.linear(features, self._column_major("out", self.out.weight), self.out.bias)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None) -> DecoderOutput:
@@ -377,11 +407,13 @@ class ShowAttendTellDecoder(nn.Module):
             out = packed.new_zeros(B * (T - 1), *packed.shape[1:]).index_copy(0, dest, packed)
             return out.view(B, T - 1, *packed.shape[1:])  # (B, T-1, *), zeros at padded steps
 
-        # Eq. (7) on the real steps only, in the packed order: one L_o matmul for all of them, none on padding.
+        # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
+        # runs in the loss, fused with the cross-entropy (DecoderOutput.output_layer).
         emb_packed = emb.reshape(B * (T - 1), -1).index_select(0, dest)  # (R, E)
-        logits = self._deep_output(emb_packed, torch.cat(hs), torch.cat(zs))  # (R, V)
+        features = self._deep_features(emb_packed, torch.cat(hs), torch.cat(zs))  # (R, E)
         return DecoderOutput(
-            packed_logits=logits,
+            packed_features=features,
+            output_layer=self.out,
             rows=dest,
             alphas=scatter(alphas),
             log_probs=scatter(log_probs) if log_probs else None,
@@ -446,12 +478,14 @@ class ShowAttendTellDecoder(nn.Module):
         log_probs, alpha, _, state = self.step_with_location(tokens, state, attention_mode)
         return log_probs, alpha, state
 
-    def step_with_location(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft"
-                           ) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, ...]]:
+    def step_with_location(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft",
+                           dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, tuple[Tensor, ...]]:
         """step() and the grid cell each row read: (log_probs, alpha, location (N,) long, new state).
 
         location is the sampled (or arg-max) cell in hard attention's "sample"/"argmax" modes, which
-        in "sample" mode need not be alpha's arg-max; None in the other modes.
+        in "sample" mode need not be alpha's arg-max; None in the other modes. With ``dense=False`` the
+        log-probs come as search.Logits (the raw logits), which the searches read without forming the
+        (N, V) log-softmax.
         """
         mode = self._mode(attention_mode)
         projected = isinstance(state, ProjectedState)
@@ -463,5 +497,9 @@ class ShowAttendTellDecoder(nn.Module):
         else:
             word_gates = self._word_gate_table().index_select(0, tokens)  # (N, 4H): a gather, no matmul
         h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights, projected=projected)
-        log_probs = F.log_softmax(self._deep_output(emb, h, z, projected), dim=-1)  # (N, V)
+        logits = self._deep_output(emb, h, z, projected)  # (N, V)
+        if dense:
+            log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
+        else:
+            log_probs = Logits(logits)  # (N, V), normalised by the search for the words it reads
         return log_probs, read.alpha, read.index, type(state)((h, c, *memory))
