@@ -123,7 +123,8 @@ def test_step_weights_are_plain_without_autograd_and_check_splits():
     with torch.no_grad():
         (step,) = step_weights(weight, defer=True)
         assert step.block.data_ptr() == weight.data_ptr() and step._record is None  # a plain view
-        assert torch.equal(step.addmm(torch.zeros(4, 2), torch.ones(4, 3)), torch.ones(4, 3) @ weight.t())
+        # (MKL's packed matmul may round differently from the plain one)
+        torch.testing.assert_close(step.addmm(torch.zeros(4, 2), torch.ones(4, 3)), torch.ones(4, 3) @ weight.t())
     with pytest.raises(ValueError, match="do not add up"):
         step_weights(weight, (1, 1))
 
@@ -330,3 +331,23 @@ def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
             outs.append(dec.sample(grid, 4, start_id=1, end_id=2, max_length=6, greedy=True))
     assert torch.equal(outs[0].tokens, outs[1].tokens)
     torch.testing.assert_close(outs[0].word_log_probs, outs[1].word_log_probs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32])
+def test_packed_step_weight_equals_addmm_and_repacks_when_rows_change(rows):
+    from captioner.models import deferred
+
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(40, 64, generator=g)[:, 8:]  # a column block: a strided view, as the LSTM's context block
+    base = torch.randn(40, generator=g)
+    step = deferred.StepWeight(weight)
+    for n in (rows, rows, max(rows - 3, 1)):
+        x = torch.randn(n, 56, generator=g)
+        with torch.no_grad():
+            torch.testing.assert_close(step.addmm(base, x), torch.addmm(base, x, weight.t()), atol=1e-5, rtol=1e-5)
+        if deferred._mkl_packs(x, weight):  # an MKL build: the packing is for the latest row count
+            assert step._packed[0] == n
+    x = torch.randn(3, 56, generator=g, requires_grad=True)
+    out = step.addmm(base, x)  # with autograd: the plain matmul, gradients flow
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, weight.sum(0).expand(3, -1))

@@ -259,7 +259,13 @@ class ShowAttendTellDecoder(nn.Module):
         return weight, bias, A
 
     def _step_weights(self) -> "_LoopWeights":
-        """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py)."""
+        """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py). Without
+        autograd they are cached until a parameter changes (with their MKL packings, see StepWeight)."""
+        if torch.is_grad_enabled():
+            return self._build_step_weights()
+        return self._cached("step_weights", list(self.parameters()), self._build_step_weights)
+
+    def _build_step_weights(self) -> "_LoopWeights":
         E = self.embedding.embedding_dim
         weight_ih = self.lstm.weight_ih if torch.is_grad_enabled() else self._column_major("weight_ih", self.lstm.weight_ih)
         word, context = step_weights(weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
@@ -338,7 +344,9 @@ class ShowAttendTellDecoder(nn.Module):
         features = self._deep_features(emb, h, z, projected)
         if torch.is_grad_enabled():
             return self.out(features)
-        return F.linear(features, self._column_major("out", self.out.weight), self.out.bias)
+        # inference: L_o packed once per set of weights and row count (StepWeight), or column-major
+        out = self._cached("out", [self.out.weight], lambda: StepWeight(self.out.weight.t().contiguous().t()))
+        return out.addmm(self.out.bias, features)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None) -> DecoderOutput:
