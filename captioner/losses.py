@@ -181,8 +181,8 @@ def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
         return token_nll(logits, real_targets), caption
     B, T = targets.shape
     rows = output.rows  # (R,) flat indices b * T + t
-    layer = output.output_layer
-    nll = linear_token_nll(features, layer.weight, layer.bias, targets.reshape(-1).index_select(0, rows))
+    nll = linear_token_nll(features, output.output_weight, output.output_bias,
+                           targets.reshape(-1).index_select(0, rows))
     return nll, torch.div(rows, T, rounding_mode="floor")
 
 

@@ -183,8 +183,9 @@ def test_keys_projected_once_and_output_layer_applied_once(kind):
     grid, captions, lengths = batch(t=10)
     out = dec(grid, captions, lengths)
     assert calls == {"prepare": 1, "out": 0}  # L_o runs in the loss, fused with the cross-entropy
-    out.logits, out.logits, out.packed_logits
-    assert calls == {"prepare": 1, "out": 1}  # once, for all real steps, when the logits are asked for
+    assert out.packed_logits is out.packed_logits  # applied once, for all real steps, when asked for
+    torch.testing.assert_close(out.packed_logits, dec.out(out.packed_features))
+    assert out.logits.view(-1, out.logits.shape[-1])[out.rows].equal(out.packed_logits)
 
 
 def test_state_can_be_reordered_and_expanded_for_beam_search():

@@ -341,12 +341,14 @@ def test_packed_step_weight_equals_addmm_and_repacks_when_rows_change(rows):
     weight = torch.randn(40, 64, generator=g)[:, 8:]  # a column block: a strided view, as the LSTM's context block
     base = torch.randn(40, generator=g)
     step = deferred.StepWeight(weight)
-    for n in (rows, rows, max(rows - 3, 1)):
+    in_a_row, last = 0, None
+    for n in [rows] * 4 + [rows + 5] * 3:
+        in_a_row, last = (in_a_row + 1 if n == last else 1), n
         x = torch.randn(n, 56, generator=g)
         with torch.no_grad():
             torch.testing.assert_close(step.addmm(base, x), torch.addmm(base, x, weight.t()), atol=1e-5, rtol=1e-5)
-        if deferred._mkl_packs(x, weight):  # an MKL build: the packing is for the latest row count
-            assert step._packed[0] == n
+        if deferred._mkl_packs(x, weight):  # an MKL build: packed for n rows from the third call in a row
+            assert (step._packed is not None and step._packed[0] == n) == (in_a_row > step.PACK_AFTER)
     x = torch.randn(3, 56, generator=g, requires_grad=True)
     out = step.addmm(base, x)  # with autograd: the plain matmul, gradients flow
     out.sum().backward()

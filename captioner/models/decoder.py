@@ -59,9 +59,11 @@ class DecoderOutput:
     packed_features: (R, E) the output layer's input (Eq. (7) before L_o, dropout applied) at the R real
         steps only (the output layer never runs on padding), row r predicting the flat target rows[r] of
         captions[:, 1:] (b * (T-1) + t).
-    output_layer: L_o. The losses run it fused with the cross-entropy (losses.real_token_nll).
+    output_weight, output_bias: L_o's parameters (V, E) and (V,), seen through a view made in the forward pass,
+        so that DistributedDataParallel, which looks for the parameters a forward used by walking back
+        from its outputs, finds them. The losses apply L_o fused with the cross-entropy (losses.real_token_nll).
     rows: (R,) those flat indices.
-    packed_logits: (R, V) output_layer(packed_features): a property, computed on first use.
+    packed_logits: (R, V) L_o(packed_features): a property, computed on first use.
     logits: (B, T-1, V) predicting captions[:, 1:], zero at padded steps: a property, scattered from
         packed_logits on first use (the losses need neither).
     alphas: (B, T-1, L), zero at padded steps.
@@ -72,7 +74,8 @@ class DecoderOutput:
     """
 
     packed_features: Tensor
-    output_layer: nn.Linear
+    output_weight: Tensor
+    output_bias: Tensor | None
     rows: Tensor
     alphas: Tensor
     log_probs: Tensor | None
@@ -84,7 +87,7 @@ class DecoderOutput:
     @property
     def packed_logits(self) -> Tensor:
         if self._packed_logits is None:
-            self._packed_logits = self.output_layer(self.packed_features)  # (R, V)
+            self._packed_logits = F.linear(self.packed_features, self.output_weight, self.output_bias)  # (R, V)
         return self._packed_logits
 
     @property
@@ -416,12 +419,14 @@ class ShowAttendTellDecoder(nn.Module):
             return out.view(B, T - 1, *packed.shape[1:])  # (B, T-1, *), zeros at padded steps
 
         # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
-        # runs in the loss, fused with the cross-entropy (DecoderOutput.output_layer).
+        # runs in the loss, fused with the cross-entropy (DecoderOutput.output_weight).
         emb_packed = emb.reshape(B * (T - 1), -1).index_select(0, dest)  # (R, E)
         features = self._deep_features(emb_packed, torch.cat(hs), torch.cat(zs))  # (R, E)
+        bias = self.out.bias
         return DecoderOutput(
             packed_features=features,
-            output_layer=self.out,
+            output_weight=self.out.weight.view_as(self.out.weight),
+            output_bias=None if bias is None else bias.view_as(bias),
             rows=dest,
             alphas=scatter(alphas),
             log_probs=scatter(log_probs) if log_probs else None,
