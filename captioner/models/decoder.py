@@ -26,6 +26,7 @@ of the gates from a cached table, and beam search may read projected values, see
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -380,6 +381,9 @@ class ShowAttendTellDecoder(nn.Module):
         grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
         emb_s = emb.index_select(0, order)  # (B, T-1, E)
         step_weights = self._step_weights()
+        if torch.is_grad_enabled():  # (without autograd the weights are the cached ones that decoding shares)
+            longest_run = max(len(list(run)) for _, run in itertools.groupby(active))  # steps at one batch size
+            step_weights.hidden.packing = step_weights.context.packing = longest_run >= StepWeight.PACK_MIN_RUN
         word_gates = self._word_gates(emb_s, step_weights.word)  # (B, T-1, 4H) for all steps at once
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
         h, c, *memory = self.init_state(grid_s)

@@ -113,17 +113,22 @@ class StepWeight:
         self._contiguous: Tensor | None = None  # W_b detached, row-major: what MKL packs
         self._packed: tuple[int, Tensor] | None = None  # (rows, MKL's packing of W_b for that many rows)
         self._rows, self._calls = 0, 0  # the latest call's row count and how many calls in a row had it
+        self.packing = True  # a caller that knows its row counts may switch packing off (see PACK_AFTER)
 
     # A packing pays from about its second reuse: pack on the third call in a row with the same row count.
     # (Packing whenever the count changed made training on Flickr8k's caption lengths 10 % slower.)
     PACK_AFTER = 2
+    # A sequence whose longest run of equal row counts is shorter gains nothing from packing and would
+    # keep the packed copies (about 100 MB of peak RSS at Flickr8k's shape): ShowAttendTellDecoder.forward
+    # switches packing off then.
+    PACK_MIN_RUN = 6
 
     def _matmul(self, base: Tensor, x: Tensor) -> Tensor:
         """base + x @ W_b^T without autograd (the forward of a recorded step, or a plain one)."""
         rows = x.shape[0]
         self._calls = self._calls + 1 if rows == self._rows else 1
         self._rows = rows
-        if self._calls <= self.PACK_AFTER or not _mkl_packs(x, self.block):
+        if not self.packing or self._calls <= self.PACK_AFTER or not _mkl_packs(x, self.block):
             return torch.addmm(base, x, self.block.t())
         if self._contiguous is None:
             self._contiguous = self.block.detach().contiguous()
