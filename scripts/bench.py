@@ -298,7 +298,8 @@ def bench_train_one(config: str, attentions: tuple[str, ...] = ("soft",), quick:
 def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", threads: int = 2,
                      amp: bool = False, beams: tuple[int, ...] = (1, 3, 5), with_baseline: bool = True) -> dict:
     """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each;
-    with_baseline: also the plain implementation's (scripts/baseline.py: one image at a time) and the ratio."""
+    with_baseline: also the plain implementation's (scripts/baseline.py: one image at a time), the two
+    alternating, and the median of the paired time ratios."""
     from captioner.search import beam_search, greedy_search
 
     torch.set_num_threads(threads)
@@ -330,21 +331,25 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
     def run_baseline(beam: int, length: int) -> None:
         baseline.beam_search(grid, beam, start_id=1, length=length)
 
+    import statistics
+
+    runs = {"": run} if baseline is None else {"": run, "baseline_": run_baseline}
     result = {}
     for beam in beams:
         key = "greedy_img_per_s" if beam == 1 else f"beam{beam}_img_per_s"
-        for name, fn, repeats in (("", run, s["decode_repeats"]), ("baseline_", run_baseline, 1)):
-            if name and baseline is None:
-                continue
+        for fn in runs.values():
             fn(beam, 2)  # warm-up: allocator and kernels at this beam's batch size
-            times = []
-            for _ in range(repeats):
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(s["decode_repeats"]):  # the two alternate: each pair of runs saw the same machine load
+            for name, fn in runs.items():
                 start = time.perf_counter()
                 fn(beam, n)
-                times.append(time.perf_counter() - start)
-            result[name + key] = B / min(times)  # best of the repeats: the machine is shared
+                times[name].append(time.perf_counter() - start)
+        for name in runs:
+            result[name + key] = B / min(times[name])  # best of the repeats: the machine is shared
         if baseline is not None:
-            result[f"{key.replace('_img_per_s', '')}_speedup_vs_baseline"] = result[key] / result["baseline_" + key]
+            result[f"{key.replace('_img_per_s', '')}_speedup_vs_baseline"] = statistics.median(
+                b / a for a, b in zip(times[""], times["baseline_"]))  # paired, as in training
     return result
 
 

@@ -67,7 +67,6 @@ def test_decode_and_matmul_report_positive_numbers(one_thread):
     assert set(out) == ({f"{d}_img_per_s" for d in decodes} | {f"baseline_{d}_img_per_s" for d in decodes}
                         | {f"{d}_speedup_vs_baseline" for d in decodes})
     assert all(v > 0 for v in out.values())
-    assert out["beam5_speedup_vs_baseline"] == pytest.approx(out["beam5_img_per_s"] / out["baseline_beam5_img_per_s"])
     assert set(bench.bench_decode_one("R14", quick=True, threads=one_thread, beams=(1,), with_baseline=False)) \
         == {"greedy_img_per_s"}
     assert bench.bench_matmul(threads=one_thread, repeats=1)["matmul_gflops"] > 0
