@@ -17,6 +17,8 @@ one fresh (out, in) gradient, in the parameter's own layout (no zero fill, no sl
 copy when the gradient is accumulated). The inputs x_t are kept (detached) in the forward pass, as autograd
 would keep them for dW_t anyway. tests/test_fast_paths.py checks the gradients against the plain per-step
 computation (``defer=False``), which is also what runs without autograd.
+
+StepWeight also runs the forward matmuls of few-row steps on a weight packed once by MKL (its docstring).
 """
 from __future__ import annotations
 
@@ -84,7 +86,8 @@ class _StepMatmul(torch.autograd.Function):
         return (grad if ctx.needs_input_grad[0] else None), dx, None, None, None, None
 
 
-# Up to this many rows, the forward matmul runs on a weight packed once by MKL (PACKED_ROWS_MAX below).
+# The most rows a step may have for its matmul to run on an MKL-packed weight (StepWeight): beyond that a
+# plain matmul's own packing is a small share of its work (672 rows measured no faster packed).
 PACKED_ROWS_MAX = 256
 
 
@@ -99,13 +102,13 @@ class StepWeight:
     """One column block W_b (out, in_b) of a weight, applied at the steps of one sequence:
     addmm(base, x) = base + x @ W_b^T (base may broadcast, e.g. a bias).
 
-    Without autograd (decoding), a recurrence multiplies the same W_b by a few rows at every step. A plain
-    matmul re-packs W_b into MKL's internal layout at each call, which for 32 rows costs about as much as the
-    arithmetic; here W_b is packed once for the current row count (MKL's packed GEMM,
-    torch.ops.mkl._mkl_linear) and every step with that many rows reuses it (scripts/bench.py's shapes, 2
-    threads, 32 rows: the stacked h_{t-1} weights 1.2 -> 0.56 ms, the LSTM's context block 1.26 -> 0.86 ms;
-    in-process A/B of whole decodes: greedy 1.11x, beam 5 1.07x). One packing is kept at a time. Elsewhere
-    (training steps, other devices, dtypes, autocast, no MKL) it is torch.addmm.
+    A recurrence multiplies the same W_b by a few rows at every step. A plain matmul re-packs W_b into
+    MKL's internal layout at each call, which for 32 rows costs about as much as the arithmetic; here W_b is
+    packed once for the current row count (MKL's packed GEMM, torch.ops.mkl._mkl_linear) and the following
+    steps with that many rows reuse it (scripts/bench.py's shapes, 2 threads, 32 rows: the stacked h_{t-1}
+    weights 1.2 -> 0.56 ms, the LSTM's context block 1.26 -> 0.86 ms; in-process A/B of whole decodes: greedy
+    1.11x, beam 5 1.07x; training steps, forward only, R7 1.02-1.04x, R14 1.15x). One packing is kept at a
+    time. The backward and every other case (other devices, dtypes, autocast, no MKL) use torch.addmm.
     """
 
     def __init__(self, block: Tensor, record: _Record | None = None, index: int = 0) -> None:
