@@ -6,6 +6,8 @@ V 10,000, captions of 22 tokens, additive scorer; soft attention, and hard atten
 Training = forward + backward + Adam step, each configuration in a fresh process so its peak RSS is its own;
 decoding = greedy and beam 3 / 5 over 32 images together, exactly 20 steps (<end> masked). matmul_gflops (a
 float32 512x2048 @ 2048x2048 mm, same run and threads) turns the model's useful FLOPs into a fraction.
+Both also run the plain per-step implementation of scripts/baseline.py, alternating with this project's
+steps or decodes, and report the median paired ratio (*_speedup_vs_baseline) and its own figures.
 
 extract: images per second from JPEG files on disk to cached backbone grids (the feature cache of
 captioner/data/features.py, Xu et al. 2015 Sec. 3.1.1 annotation vectors), the optimised path
