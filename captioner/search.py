@@ -25,8 +25,8 @@ Conventions shared by all three searches:
   cell read (hard attention) returned by the step call that produced word i. Beam search reorders them
   with the beams; Hypothesis is built in one place (`_hypothesis`).
 - Log-probabilities are assumed <= 0 (log-softmaxed), which the beam search's early stop
-  relies on. A step function may return them as `Logits` (logits and their log-normaliser): the
-  searches then read each row's best words without forming the dense log-softmax.
+  relies on. A step function may return them as `Logits` (the raw logits): the searches then
+  read each row's best words and normalise only those, without forming the dense log-softmax.
 - State tensors are never modified in place by the step function (it returns new tensors).
   Beam search relies on it: a state tensor the step function hands back as the very same
   object (e.g. the decoder's attention memory, (B*K, L, D)) still holds K identical rows per
@@ -160,9 +160,9 @@ PerWord = "tuple[Tensor | None, ...]"  # per-word tensors of one step, each (N, 
 
 
 def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list[int]):
-    """One step call; returns float32 log-probs (rows, V) (or Logits, float32) with the `banned` ids at -inf,
-    the per-word tensors as a tuple (alpha, and the read location when the step function gives one) or None,
-    and the state."""
+    """One step call; returns float32 log-probs (rows, V) with the `banned` ids at -inf (or the step's Logits as
+    they are: their reader bans), the per-word tensors as a tuple (alpha, and the read location when the step
+    function gives one) or None, and the state."""
     log_probs, per_word, state = step_fn(tokens, state)
     scores = log_probs.logits if isinstance(log_probs, Logits) else log_probs
     if scores.dim() != 2 or scores.size(0) != rows:
@@ -179,11 +179,14 @@ def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list
         per_word = tuple(x.detach() if x is not None else None for x in per_word)
     if isinstance(log_probs, Logits):  # banned by the search that reads it (Logits.best)
         return log_probs, per_word, state
-    log_probs = log_probs.float()
-    if banned:
-        # index_fill is out of place: the caller's tensor is never modified
-        log_probs = log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), -math.inf)
-    return log_probs, per_word, state
+    return _ban(log_probs.float(), banned), per_word, state
+
+
+def _ban(log_probs: Tensor, banned: list[int]) -> Tensor:
+    """log_probs (N, V) with the `banned` ids at -inf; out of place: the caller's tensor is never modified."""
+    if not banned:
+        return log_probs
+    return log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), -math.inf)
 
 
 def _hypothesis(tokens: list[int], per_word: "list[Tensor | None] | None", score: float, finished: bool,
@@ -251,9 +254,8 @@ def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length
         if isinstance(log_probs, Logits) and arg_max:
             word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned))  # (B,) each
         else:
-            if isinstance(log_probs, Logits):
-                log_probs = log_probs.dense().index_fill(1, torch.tensor(banned, device=log_probs.logits.device),
-                                                         -math.inf) if banned else log_probs.dense()
+            if isinstance(log_probs, Logits):  # sampling draws from the whole distribution
+                log_probs = _ban(log_probs.dense(), banned)
             word = choose(log_probs)  # (B,)
             word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
         if scores is None:  # created on the device the model answers on
@@ -445,6 +447,8 @@ class _Beams:
             self.frozen_row[self.end_id] = 0.0
             self.scores, self.finished = self.scores.to(dense.device), self.finished.to(dense.device)
             self.history.words = self.history.words.to(dense.device)
+        if isinstance(log_probs, Logits) and K > V:  # fewer words than beams: rank them all
+            log_probs = log_probs.dense()
         if isinstance(log_probs, Logits):
             top_scores, parent, word = self._best_of_rows(log_probs, banned)
         else:

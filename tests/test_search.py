@@ -416,3 +416,12 @@ def test_row_topk_equals_topk(V, k):
     assert torch.equal(x.gather(1, index), values)  # indices may differ only among equal values
     rows = [r for r in range(37) if r != 4]
     assert torch.equal(index[rows], expected.indices[rows])
+
+
+def test_beam_search_from_logits_with_more_beams_than_words():
+    m = RandomStep(V=4, seed=2, end_bias=1.0)
+    dense = beam_search(m, m.init_state(3), 3, START, END, beam_size=6, max_length=5, n_best=3)
+    fast = beam_search(LogitsStep(m), m.init_state(3), 3, START, END, beam_size=6, max_length=5, n_best=3)
+    for a, b in zip(dense, fast):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
