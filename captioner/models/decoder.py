@@ -53,6 +53,14 @@ def _count_optimizer_step(optimizer, args, kwargs) -> None:
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def _column_major(weight: Tensor) -> Tensor:
+    """For inference: a copy of ``weight`` (out, in) with its values stored column by column (strides (1, out)).
+    x @ weight.t() is then a matmul of two row-major operands, which MKL runs faster for the few rows of a
+    decoding step where its packed GEMM does not serve (StepWeight; scripts/bench.py's shapes, 2 threads: L_o
+    for 32 rows 3.5 -> 1.8 ms, the stacked h_{t-1} weights 0.84 -> 0.58 ms; no gain from 160 rows on)."""
+    return weight.t().contiguous().t()
+
+
 @dataclass
 class DecoderOutput:
     """Teacher-forced decoding of captions (B, T).
@@ -238,51 +246,35 @@ class ShowAttendTellDecoder(nn.Module):
         """Every weight that reads h_{t-1}, stacked: weight_hh (4H, H), the attention's query projection
         (A, H) when it exposes one, the gate (1 or Z, H); so one matmul per step gives the LSTM's recurrent
         share, the projected query and the gate's logit. Returns (weight, bias of the stack or None, A).
-
-        Without autograd the stack and its bias are cached until a parameter changes (step() runs once per
-        word)."""
+        Without autograd the stack is column-major (_column_major); _step_weights caches it."""
         query = self.attention.query_weight
         parts = [self.lstm.weight_hh] + ([query] if query is not None else []) + \
                 ([self.gate.weight] if self.gate is not None else [])
         A = 0 if query is None else query.shape[0]
-        if len(parts) == 1:
-            return (parts[0] if torch.is_grad_enabled() else self._column_major("hidden", parts[0])), None, A
-
-        def stack() -> tuple[Tensor, Tensor | None]:
-            weight = torch.cat(parts)
-            if not torch.is_grad_enabled():
-                weight = weight.t().contiguous().t()  # column-major, see _column_major
-            if self.gate is None:
-                return weight, None
-            # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
-            return weight, torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features),
-                                      self.gate.bias])
-
-        gate_bias = [self.gate.bias] if self.gate is not None else []
-        weight, bias = stack() if torch.is_grad_enabled() else self._cached("hidden", parts + gate_bias, stack)
+        weight = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if not torch.is_grad_enabled():
+            weight = _column_major(weight)
+        if self.gate is None:
+            return weight, None, A
+        # zeros for the LSTM and query rows (their biases live elsewhere or nowhere)
+        bias = torch.cat([self.gate.bias.new_zeros(weight.shape[0] - self.gate.out_features), self.gate.bias])
         return weight, bias, A
 
     def _step_weights(self) -> "_LoopWeights":
         """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py). Without
-        autograd they are cached until a parameter changes (with their MKL packings, see StepWeight)."""
+        autograd they are built once per set of weights (step() runs once per word) and keep their MKL
+        packings (StepWeight)."""
         if torch.is_grad_enabled():
             return self._build_step_weights()
         return self._cached("step_weights", list(self.parameters()), self._build_step_weights)
 
     def _build_step_weights(self) -> "_LoopWeights":
         E = self.embedding.embedding_dim
-        weight_ih = self.lstm.weight_ih if torch.is_grad_enabled() else self._column_major("weight_ih", self.lstm.weight_ih)
+        weight_ih = self.lstm.weight_ih if torch.is_grad_enabled() else _column_major(self.lstm.weight_ih)
         word, context = step_weights(weight_ih, (E, self.lstm.input_size - E), self.defer_weight_grads)
         weight, bias, A = self._hidden_weight()
         (hidden,) = step_weights(weight, None, self.defer_weight_grads)
         return _LoopWeights(word, context, hidden, bias, A)
-
-    def _column_major(self, name: str, weight: Tensor) -> Tensor:
-        """For inference: ``weight`` (out, in) with its values stored column by column (strides (1, out)), cached
-        per set of weights. x @ weight.t() is then a matmul of two row-major operands, which MKL runs faster for
-        the few rows of a decoding step (scripts/bench.py's shapes, 2 threads: L_o for 32 rows 3.5 -> 1.8 ms,
-        the stacked h_{t-1} weights 0.84 -> 0.58 ms; no gain from 160 rows on)."""
-        return self._cached(name, [weight], lambda: weight.t().contiguous().t())
 
     def _cached(self, name: str, tensors: list[Tensor], build: Callable[[], Any]) -> Any:
         """build() cached under ``name`` until one of ``tensors`` is replaced or changed in place, or any
@@ -349,7 +341,7 @@ class ShowAttendTellDecoder(nn.Module):
         if torch.is_grad_enabled():
             return self.out(features)
         # inference: L_o packed once per set of weights and row count (StepWeight), or column-major
-        out = self._cached("out", [self.out.weight], lambda: StepWeight(self.out.weight.t().contiguous().t()))
+        out = self._cached("out", [self.out.weight], lambda: StepWeight(_column_major(self.out.weight)))
         return out.addmm(self.out.bias, features)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
