@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -227,7 +228,6 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     reported only for a single kind. Returns {kind: {...}}.
     """
     import resource
-    import statistics
 
     from captioner.losses import hard_attention_loss, soft_attention_loss
     from captioner.optim import build_optimizer
@@ -277,12 +277,15 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
             if device.startswith("cuda"):
                 result[kind]["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     if "hard" in times and "soft" in times:
-        ratios = [h / s for h, s in zip(times["hard"], times["soft"])]  # paired: same moment, same load
-        result["hard"]["hard_soft_time_ratio"] = statistics.median(ratios)
+        result["hard"]["hard_soft_time_ratio"] = _paired_ratio(times["hard"], times["soft"])
     if "baseline" in times and "soft" in times:
-        ratios = [b / s for b, s in zip(times["baseline"], times["soft"])]  # paired, as above
-        result["soft"]["train_speedup_vs_baseline"] = statistics.median(ratios)
+        result["soft"]["train_speedup_vs_baseline"] = _paired_ratio(times["baseline"], times["soft"])
     return result
+
+
+def _paired_ratio(times: list[float], reference: list[float]) -> float:
+    """Median of times[i] / reference[i]: runs made in alternation, so each pair saw the same machine load."""
+    return statistics.median(t / r for t, r in zip(times, reference))
 
 
 def bench_train_one(config: str, attentions: tuple[str, ...] = ("soft",), quick: bool = False, device: str = "cpu",
@@ -333,8 +336,6 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
     def run_baseline(beam: int, length: int) -> None:
         baseline.beam_search(grid, beam, start_id=1, length=length)
 
-    import statistics
-
     runs = {"": run} if baseline is None else {"": run, "baseline_": run_baseline}
     result = {}
     for beam in beams:
@@ -350,8 +351,8 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
         for name in runs:
             result[name + key] = B / min(times[name])  # best of the repeats: the machine is shared
         if baseline is not None:
-            result[f"{key.replace('_img_per_s', '')}_speedup_vs_baseline"] = statistics.median(
-                b / a for a, b in zip(times[""], times["baseline_"]))  # paired, as in training
+            result[f"{key.replace('_img_per_s', '')}_speedup_vs_baseline"] = _paired_ratio(times["baseline_"],
+                                                                                             times[""])
     return result
 
 
@@ -385,13 +386,12 @@ def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp:
         # the plain implementation (scripts/baseline.py), its steps alternating with soft ones: a paired ratio
         versus = bench_train_one(config, ("soft", "baseline"), quick, device, threads)
         soft["train_speedup_vs_baseline"] = versus["soft"]["train_speedup_vs_baseline"]
-        result[f"{config}_baseline"] = {"train_caps_per_s": versus["baseline"]["train_caps_per_s"],
-                                        "soft_train_caps_per_s_alongside": versus["soft"]["train_caps_per_s"]}
+        baseline = {"train_caps_per_s": versus["baseline"]["train_caps_per_s"],
+                    "soft_train_caps_per_s_alongside": versus["soft"]["train_caps_per_s"]}
         if amp:
             bf16 = bench_train_one(config, ("soft",), quick, device, threads, amp=True)["soft"]
             soft["train_caps_per_s_bf16"] = bf16["train_caps_per_s"]
-        result[config], result[f"{config}_hard"] = soft, hard
-        result[f"{config}_baseline"] = result.pop(f"{config}_baseline")  # after the hard row
+        result[config], result[f"{config}_hard"], result[f"{config}_baseline"] = soft, hard, baseline
     return result
 
 
@@ -417,10 +417,6 @@ SCST_QUICK = dict(grid=2, feature_dim=24, vocab=50, images=2, samples=3, max_len
 def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
     """One SCST step (sampling with gradients, CIDEr-D reward, backward, Adam) against a cross-entropy step
     on the same number of captions, and the reward's share of the SCST step."""
-    import statistics
-
-    import numpy as np
-
     from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
     from captioner.optim import build_optimizer
     from captioner.rewards import CiderD
