@@ -98,12 +98,14 @@ class Logits:
         Banned words still count in the normaliser, as when dense log-probs are masked after the
         log-softmax. Overwrites the logits (call once)."""
         x = self.logits.float()  # (N, V); no copy for float32
-        top = x.amax(dim=1, keepdim=True)  # (N, 1), over every word
         if banned:
             ids = torch.tensor(list(banned), device=x.device)
             kept = x.index_select(1, ids)  # (N, b)
             x.index_fill_(1, ids, -math.inf)
-        values, words = _row_topk(x, k)  # (N, k)
+        values, words = _row_topk(x, k)  # (N, k), best first
+        top = values[:, :1]  # (N, 1): the row's maximum (no pass of its own), over every word
+        if banned:
+            top = torch.maximum(top, kept.amax(dim=1, keepdim=True))
         total = x.sub_(top).exp_().sum(dim=1, keepdim=True)  # (N, 1); banned columns add exp(-inf) = 0
         if banned:
             total = total + (kept - top).exp().sum(dim=1, keepdim=True)
@@ -378,9 +380,11 @@ def beam_search(
     is filled to `n_best` whenever that many hypotheses with a finite score exist, and is
     never empty.
 
-    `expand(state, K)` gives each image its K rows (default: every tensor repeat_interleaved).
-    A tensor it leaves at B rows is per-image data the step function reads for all K beams
-    (e.g. the decoder's attention memory, see ShowAttendTellDecoder.expand_state).
+    The first call runs on the B images' own rows (their K beams would all start alike); its K best
+    words start the beams, and `expand(state, K)` then gives each image K rows of the state that call
+    returned (default: every tensor repeat_interleaved). A tensor it leaves at B rows is per-image
+    data the step function reads for all K beams (e.g. the decoder's attention memory, see
+    ShowAttendTellDecoder.expand_state).
     """
     _check_args(batch_size, max_length, min_length)
     if beam_size < 1 or n_best < 1:
@@ -409,24 +413,15 @@ class _Beams:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
         self.active = list(range(batch_size))  # original image index of each image still in the batch
         B = batch_size
-        if expand is None:
-            state = map_state(state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
-        else:
-            state = expand(state, K)  # (B*K, ...) rows, or (B, ...) per-image tensors
-            bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
-            if bad:
-                raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
+        # The first step runs on the B unexpanded rows: the K beams of an image all start from <start>
+        # in the same state, so they would make K identical step calls. expand gives the rows after it.
+        self.expand = expand
         self.state = state
-        # Tensors whose K rows per image are identical (just expanded, never replaced by the step
-        # function): id -> tensor, the reference keeps the id from being reused.
-        self.invariant: dict[int, Tensor] = {}
-        map_state(state, lambda x: self.invariant.setdefault(id(x), x))
+        self.expanded = False
+        self.invariant: dict[int, Tensor] = {}  # filled by _expand: see there
         device = _state_device(state)
-        self.tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)
-        # only beam 0 is live at first: the K copies are identical and would all pick the same words
-        self.scores = torch.full((B, K), -math.inf, device=device)
-        self.scores[:, 0] = 0.0
-        self.scores = self.scores.view(B * K)
+        self.tokens = torch.full((B,), start_id, dtype=torch.long, device=device)
+        self.scores = torch.zeros(B * K, device=device)
         self.finished = torch.zeros(B * K, dtype=torch.bool, device=device)
         self.history = _History(B * K, device)
         self.pools: list[list[Hypothesis]] = [[] for _ in range(batch_size)]  # finished, per original image
@@ -434,9 +429,24 @@ class _Beams:
         self.frozen_row: Tensor | None = None  # (V,): -inf except 0 at <end>
         self.steps = 0
 
+    def _expand(self) -> None:
+        """The state after the first step, made K rows per image (B*K rows, or B for per-image tensors)."""
+        B, K = len(self.active), self.K
+        if self.expand is None:
+            state = map_state(self.state, lambda x: x.repeat_interleave(K, dim=0))  # (B*K, ...)
+        else:
+            state = self.expand(self.state, K)
+            bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
+            if bad:
+                raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
+        self.state, self.expanded = state, True
+        # Tensors whose K rows per image are identical (just expanded, never replaced by the step
+        # function): id -> tensor, the reference keeps the id from being reused.
+        self.invariant = {id(x): x for x in _leaves(state)}
+
     @property
     def rows(self) -> int:
-        return len(self.active) * self.K
+        return len(self.active) * (self.K if self.expanded else 1)
 
     def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: list[int], t: int) -> None:
         """Step t: the K best (beam, word) continuations per image by raw score; finished beams stay frozen."""
@@ -449,6 +459,8 @@ class _Beams:
             self.history.words = self.history.words.to(dense.device)
         if isinstance(log_probs, Logits) and K > V:  # fewer words than beams: rank them all
             log_probs = log_probs.dense()
+        if not self.expanded:
+            return self._first(log_probs, per_word, banned)
         if isinstance(log_probs, Logits):
             top_scores, parent, word = self._best_of_rows(log_probs, banned)
         else:
@@ -471,10 +483,33 @@ class _Beams:
         self.state = map_state(self.state, lambda x: x if self.invariant.get(id(x)) is x or x.size(0) != N
                                else x.index_select(0, parent))
         self.invariant = {id(x): x for x in _leaves(self.state) if self.invariant.get(id(x)) is x}
+        self._after(word, newly, t)
+
+    def _after(self, word: Tensor, newly: Tensor, t: int) -> None:
         self.tokens = word
         self.steps = t + 1
         if bool(newly.any()):  # bookkeeping only on steps where some beam finishes
             self._pool_finished(newly.nonzero().squeeze(1).tolist(), t)
+
+    def _first(self, log_probs: "Tensor | Logits", per_word: "PerWord | None", banned: list[int]) -> None:
+        """Step 0 from one row per image: its K best words start the K beams (as K identical rows would, of
+        which only one may extend: the others would repeat its words)."""
+        B, K = len(self.active), self.K
+        if isinstance(log_probs, Logits):
+            scores, word = log_probs.best(K, banned)  # (B, K) each
+        else:  # dense log-probs; with fewer words than beams, the missing ones at -inf
+            log_probs, V = _ban(log_probs, banned), log_probs.size(1)
+            if K > V:
+                log_probs = torch.cat([log_probs, log_probs.new_full((B, K - V), -math.inf)], dim=1)
+            scores, word = log_probs.topk(K, dim=1)  # (B, K)
+            word = word % V  # a valid id for the -inf fillers
+        self.scores, word = scores.reshape(B * K), word.reshape(B * K)
+        newly = (word == self.end_id) & torch.isfinite(self.scores)
+        self.finished = newly
+        image = torch.arange(B, device=word.device).repeat_interleave(K)  # (B*K,): each beam's row at step 0
+        self.history.append(word, per_word, image)
+        self._expand()
+        self._after(word, newly, 0)
 
     def _best_of_rows(self, step: Logits, banned: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         """advance()'s K best continuations per image from Logits: each row's K best words (Logits.best), then
