@@ -413,15 +413,14 @@ class _Beams:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
         self.active = list(range(batch_size))  # original image index of each image still in the batch
         B = batch_size
-        # The first step runs on the B unexpanded rows: the K beams of an image all start from <start>
-        # in the same state, so they would make K identical step calls. expand gives the rows after it.
+        # The first step runs on the B unexpanded rows (self.steps == 0): the K beams of an image all start
+        # from <start> in the same state, so they would make K identical step calls. expand gives the rows after it.
         self.expand = expand
         self.state = state
-        self.expanded = False
         self.invariant: dict[int, Tensor] = {}  # filled by _expand: see there
         device = _state_device(state)
         self.tokens = torch.full((B,), start_id, dtype=torch.long, device=device)
-        self.scores = torch.zeros(B * K, device=device)
+        self.scores = torch.zeros(B * K, device=device)  # scores and finished: (B*K,), set by the first step
         self.finished = torch.zeros(B * K, dtype=torch.bool, device=device)
         self.history = _History(B * K, device)
         self.pools: list[list[Hypothesis]] = [[] for _ in range(batch_size)]  # finished, per original image
@@ -439,14 +438,14 @@ class _Beams:
             bad = [tuple(x.shape) for x in _leaves(state) if x.dim() == 0 or x.size(0) not in (B, B * K)]
             if bad:
                 raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
-        self.state, self.expanded = state, True
+        self.state = state
         # Tensors whose K rows per image are identical (just expanded, never replaced by the step
         # function): id -> tensor, the reference keeps the id from being reused.
         self.invariant = {id(x): x for x in _leaves(state)}
 
     @property
     def rows(self) -> int:
-        return len(self.active) * (self.K if self.expanded else 1)
+        return len(self.active) * (self.K if self.steps else 1)  # one row per image before the first step
 
     def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: list[int], t: int) -> None:
         """Step t: the K best (beam, word) continuations per image by raw score; finished beams stay frozen."""
@@ -455,11 +454,10 @@ class _Beams:
         if self.frozen_row is None:
             self.frozen_row = torch.full((V,), -math.inf, device=dense.device)
             self.frozen_row[self.end_id] = 0.0
-            self.scores, self.finished = self.scores.to(dense.device), self.finished.to(dense.device)
             self.history.words = self.history.words.to(dense.device)
         if isinstance(log_probs, Logits) and K > V:  # fewer words than beams: rank them all
             log_probs = log_probs.dense()
-        if not self.expanded:
+        if not self.steps:
             return self._first(log_probs, per_word, banned)
         if isinstance(log_probs, Logits):
             top_scores, parent, word = self._best_of_rows(log_probs, banned)
