@@ -45,6 +45,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from captioner import kernels
+
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
 StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
 
@@ -86,6 +88,10 @@ class Logits:
     beam can be among its K best. The search may overwrite the logits: best() consumes them.
     """
 
+    # Whether best() may read the logits with the fused C kernel (captioner/kernels, float32 on the CPU); the
+    # PyTorch code below is the reference it is tested against (tests/test_kernels.py).
+    fused = True
+
     def __init__(self, logits: Tensor) -> None:
         self.logits = logits
 
@@ -98,6 +104,11 @@ class Logits:
         Banned words still count in the normaliser, as when dense log-probs are masked after the
         log-softmax. Overwrites the logits (call once)."""
         x = self.logits.float()  # (N, V); no copy for float32
+        if self.fused:
+            read = kernels.row_best_log_probs(x, k, list(banned))  # the C kernel's one read per row, or None
+            if read is not None:
+                self.logits = None
+                return read
         if banned:
             ids = torch.tensor(list(banned), device=x.device)
             kept = x.index_select(1, ids)  # (N, b)

@@ -24,6 +24,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from captioner import kernels
+
 
 class AdditiveScorer(nn.Module):
     """v^T tanh(W a_i + U h): the multilayer-perceptron f_att of Xu et al. 2015, Eq. (4).
@@ -45,8 +47,8 @@ class AdditiveScorer(nn.Module):
     def prepare(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (B, L, A)
 
-    # Without autograd, (B, G, L, A) is built a few images at a time: each chunk's sum, tanh and
-    # v stay in cache instead of streaming a fresh buffer of up to 64 MB (beam 5 at 14x14) per word.
+    # The PyTorch path without autograd builds (B, G, L, A) a few images at a time: each chunk's sum, tanh
+    # and v stay in cache instead of streaming a fresh buffer of up to 64 MB (beam 5 at 14x14) per word.
     chunk_bytes = 2 ** 21
 
     @property
@@ -57,8 +59,15 @@ class AdditiveScorer(nn.Module):
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
         return self.score(self.query_proj(query), prepared)
 
+    # Whether score() may run the fused C kernel (captioner/kernels: float32 on the CPU, outside autocast):
+    # one pass over the keys, no (B, G, L, A) hidden layer written or kept for the backward. False: the
+    # PyTorch ops below only (the reference that tests/test_kernels.py compares with).
+    fused = True
+
     def score(self, q: Tensor, prepared: Tensor) -> Tensor:
         """Scores from the projected query q = U h (B*G, A)."""
+        if self.fused and kernels.additive_applies(q, prepared, self.v.weight):
+            return kernels.additive_scores(q, prepared, self.v.weight)  # (B*G, L), one pass, nothing stored
         B, L, A = prepared.shape
         q = q.reshape(B, -1, 1, A)  # (B, G, 1, A)
         if torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad):

@@ -1,0 +1,129 @@
+/* Fused CPU kernels of the decoder's hot loop (captioner/kernels/__init__.py loads them).
+
+   1. Additive attention scores, the f_att of Xu et al. 2015 Eq. (4):
+
+       e[n, l] = sum_a v[a] * tanh(p[m, l, a] + q[n, a]),   m = n / G
+
+   p (M, L, A) the projected keys W a_i (+ bias), q (N = M*G, A) the projected queries U h (row stride
+   q_stride), v (A), e (N, L). One pass over p per query row, the (N, L, A) hidden layer never stored.
+   The backward recomputes tanh instead of keeping the hidden layer:
+       d[n, l, a] = de[n, l] v[a] (1 - tanh^2),  dp[m, l] = sum_g d,  dq[n] = sum_l d,
+       dv_rows[m] = sum_g sum_l de[n, l] tanh(...)   (the caller sums the M rows: a fixed order).
+   Every output element is computed by one thread in a fixed order, so results do not depend on the
+   thread count.
+   2. The searches' read of a step's logits (row_best_log_probs, below).
+   Built at first use with the system C compiler (-O3 -march=native -fopenmp), no -ffast-math. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* glibc's libmvec vector tanhf and expf (glibc >= 2.35), declared so the loops vectorize without -ffast-math. */
+__attribute__((__simd__("notinbranch"))) extern float tanhf(float);
+__attribute__((__simd__("notinbranch"))) extern float expf(float);
+
+void additive_scores(const float *p, const float *q, int64_t q_stride, const float *v, float *e,
+                     int64_t M, int64_t G, int64_t L, int64_t A, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t n = m * G + g;
+            const float *qn = q + n * q_stride;
+            for (int64_t l = 0; l < L; l++) {
+                const float *pl = p + (m * L + l) * A;
+                float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
+                for (int64_t a = 0; a < A; a++)
+                    acc += v[a] * tanhf(pl[a] + qn[a]);
+                e[n * L + l] = acc;
+            }
+        }
+    }
+}
+
+void additive_scores_backward(const float *p, const float *q, int64_t q_stride, const float *v,
+                              const float *de, float *dp, float *dq, float *dv_rows,
+                              int64_t M, int64_t G, int64_t L, int64_t A, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *dvm = dv_rows + m * A;
+        float *dpm = dp + m * L * A;
+        memset(dvm, 0, (size_t)A * sizeof(float));
+        memset(dpm, 0, (size_t)(L * A) * sizeof(float));
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t n = m * G + g;
+            const float *qn = q + n * q_stride;
+            float *dqn = dq + n * A;
+            memset(dqn, 0, (size_t)A * sizeof(float));
+            for (int64_t l = 0; l < L; l++) {
+                const float *pl = p + (m * L + l) * A;
+                float *dpl = dpm + l * A;
+                const float gl = de[n * L + l];
+                #pragma omp simd
+                for (int64_t a = 0; a < A; a++) {
+                    const float h = tanhf(pl[a] + qn[a]);
+                    const float d = gl * v[a] * (1.0f - h * h);
+                    dpl[a] += d;
+                    dqn[a] += d;
+                    dvm[a] += gl * h;
+                }
+            }
+        }
+    }
+}
+
+/* The searches' read of a step's logits (search.Logits.best): each row's k largest logits other than the
+   `banned` ids, best first, as log-probabilities, the banned words still counted in the normaliser:
+
+       values[r, j] = x[r, ids[r, j]] - (max_v x[r, v] + log sum_v exp(x[r, v] - max_v x[r, v]))
+
+   Two passes over a row: the top k (a group of 16 columns is looked at only when its maximum beats the
+   current k-th best; the row's maximum is then the best word's or a banned one's), then the sum of exponentials. Ties keep the lower id first.
+   A row whose normaliser is not finite (NaN or infinite logits) or with fewer than k eligible words gets
+   ids[r, 0] = -1: the caller then takes its PyTorch path. */
+static int is_banned(int64_t v, const int64_t *banned, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++)
+        if (banned[b] == v) return 1;
+    return 0;
+}
+
+void row_best_log_probs(const float *x, int64_t N, int64_t V, int64_t k, const int64_t *banned, int64_t nb,
+                        float *values, int64_t *ids, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+        const float *row = x + r * V;
+        float *val = values + r * k;
+        int64_t *idx = ids + r * k;
+        int64_t filled = 0;
+        for (int64_t j = 0; j < k; j++) { val[j] = -INFINITY; idx[j] = -1; }
+        for (int64_t c = 0; c < V; c += 16) {
+            const int64_t end = c + 16 < V ? c + 16 : V;
+            if (filled == k && end - c == 16) {
+                float m = -INFINITY;
+                for (int64_t i = 0; i < 16; i++) m = row[c + i] > m ? row[c + i] : m;
+                if (!(m > val[k - 1])) continue;
+            }
+            for (int64_t v = c; v < end; v++) {
+                const float xv = row[v];
+                if ((filled == k && !(xv > val[k - 1])) || is_banned(v, banned, nb)) continue;
+                int64_t j = filled < k ? filled++ : k - 1;
+                while (j > 0 && val[j - 1] < xv) { val[j] = val[j - 1]; idx[j] = idx[j - 1]; j--; }
+                val[j] = xv;
+                idx[j] = v;
+            }
+        }
+        float top = val[0];  /* the row's maximum: the best eligible word's, or a banned word's */
+        for (int64_t b = 0; b < nb; b++)
+            if (banned[b] >= 0 && banned[b] < V && row[banned[b]] > top) top = row[banned[b]];
+        float total = 0.0f;
+        #pragma omp simd reduction(+:total)
+        for (int64_t v = 0; v < V; v++)
+            total += expf(row[v] - top);
+        const float lse = top + logf(total);
+        if (filled < k || !isfinite(lse)) { idx[0] = -1; continue; }
+        for (int64_t j = 0; j < k; j++) val[j] -= lse;
+    }
+}

@@ -1,0 +1,200 @@
+"""The fused C kernels (captioner/kernels) against the PyTorch code they replace.
+
+- The additive scorer: forward and backward agree with autograd through tanh(p + q) @ v for one and several
+  queries per key row, strided queries and sizes that are not a multiple of the vector width; the results
+  do not depend on the thread count; the scorer uses it where it applies.
+- The searches' read of raw logits (search.Logits.best): the same words and log-probs as the PyTorch path,
+  banned words counted in the normaliser, ties to the lower id, the PyTorch path for rows it does not serve;
+  a whole beam search gives the same captions with and without both kernels.
+- Without a compiler (or with CAPTIONER_KERNELS=0) the PyTorch path runs, with one warning that says why.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from captioner import kernels
+from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.scorers import AdditiveScorer
+from captioner.search import Logits, beam_search
+
+if not kernels.available() and os.environ.get("CAPTIONER_REQUIRE_KERNELS") != "1":
+    pytest.skip("the fused kernels cannot be built here (no C compiler or no libmvec)", allow_module_level=True)
+
+
+def _reference(q, prepared, v):
+    M, L, A = prepared.shape
+    hidden = torch.tanh(prepared.unsqueeze(1) + q.reshape(M, -1, 1, A))  # (M, G, L, A)
+    return (hidden @ v.reshape(-1)).reshape(-1, L)  # (M*G, L)
+
+
+@pytest.mark.parametrize("M,G,L,A", [(3, 1, 7, 32), (2, 5, 4, 19), (1, 3, 1, 1), (4, 2, 9, 100)])
+@pytest.mark.parametrize("strided", [False, True])
+def test_scores_and_gradients_equal_autograd(M, G, L, A, strided):
+    g = torch.Generator().manual_seed(M * 100 + G * 10 + A)
+    prepared = torch.randn(M, L, A, generator=g, requires_grad=True)
+    wide = torch.randn(M * G, A + 5, generator=g)  # q as a column slice, as the decoder's split hands it over
+    q = (wide[:, 2:2 + A] if strided else wide[:, :A].contiguous()).requires_grad_()
+    v = (torch.randn(1, A, generator=g) / A ** 0.5).requires_grad_()
+    weights = torch.randn(M * G, L, generator=g)
+
+    fast = kernels.additive_scores(q, prepared, v)
+    ref = _reference(q, prepared, v)
+    torch.testing.assert_close(fast, ref, atol=2e-6, rtol=1e-5)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), (q, prepared, v))
+    ref_grads = torch.autograd.grad((ref * weights).sum(), (q, prepared, v))
+    for name, a, b in zip(("q", "prepared", "v"), fast_grads, ref_grads):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"gradient of {name} differs")
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    g = torch.Generator().manual_seed(0)
+    prepared, q, v = torch.randn(8, 49, 64, generator=g), torch.randn(40, 64, generator=g), torch.randn(64, generator=g)
+    prepared.requires_grad_(); q.requires_grad_()
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            e = kernels.additive_scores(q, prepared, v)
+            runs.append((e, *torch.autograd.grad(e.square().sum(), (q, prepared))))
+    finally:
+        torch.set_num_threads(threads)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+def test_scorer_uses_the_kernel_where_it_applies(monkeypatch):
+    torch.manual_seed(0)
+    scorer = AdditiveScorer(12, 10, 16)
+    keys, h = torch.randn(3, 5, 12), torch.randn(6, 10)  # two queries per image
+    calls = []
+    real = kernels.additive_scores
+    monkeypatch.setattr(kernels, "additive_scores", lambda *a: calls.append(1) or real(*a))
+    fused = scorer(h, scorer.prepare(keys))
+    assert calls, "float32 on the CPU should run the kernel"
+    scorer.fused = False
+    plain = scorer(h, scorer.prepare(keys))
+    torch.testing.assert_close(fused, plain, atol=1e-6, rtol=1e-5)
+    calls.clear()
+    scorer.fused = True
+    scorer.double()(h.double(), scorer.prepare(keys.double()))  # float64: the PyTorch path
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scorer.float()(h, scorer.prepare(keys))
+    assert not calls
+
+
+def _best(logits, k, banned, fused):
+    saved, Logits.fused = Logits.fused, fused
+    try:
+        return Logits(logits.clone()).best(k, banned)
+    finally:
+        Logits.fused = saved
+
+
+@pytest.mark.parametrize("k,banned", [(1, []), (5, [0, 1, 2]), (3, [7]), (10, list(range(0, 600, 3)))])
+def test_best_words_equal_the_pytorch_read(k, banned):
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn(37, 1003, generator=g) * 4  # 1003: a partial group of 16 at the end
+    logits[:, 1000] += 30  # a last-group word is the best of every row
+    logits[4, 2] = 150.0  # a banned word holds a row's maximum, 100+ above the rest: the normaliser must shift by it
+    fast = kernels.row_best_log_probs(logits, k, banned)
+    assert fast is not None
+    ref = _best(logits, k, banned, fused=False)
+    assert torch.equal(fast[1], ref[1])
+    torch.testing.assert_close(fast[0], ref[0], atol=1e-5, rtol=1e-6)
+    dense = torch.log_softmax(logits, 1)  # the definition: log-probs of the full softmax, banned words included
+    torch.testing.assert_close(fast[0], dense.gather(1, fast[1]), atol=1e-5, rtol=1e-6)
+    assert not torch.isin(fast[1], torch.tensor(banned, dtype=torch.long)).any()
+    assert _best(logits, k, banned, fused=True)[1].equal(fast[1])  # Logits.best reads through the kernel
+
+
+def test_best_words_ties_go_to_the_lower_id_and_odd_rows_fall_back():
+    logits = torch.zeros(2, 300)
+    logits[0, [250, 20, 100]] = 5.0  # a three-way tie
+    values, ids = kernels.row_best_log_probs(logits, 2, [])
+    assert ids[0].tolist() == [20, 100]
+    assert torch.equal(values[0], values[0, :1].expand(2))
+    nan = logits.clone()
+    nan[1, 7] = float("nan")
+    assert kernels.row_best_log_probs(nan, 2, []) is None  # a non-finite normaliser: the PyTorch path decides
+    assert kernels.row_best_log_probs(logits, 2, list(range(298))) is None  # fewer eligible words than k + margin
+    assert kernels.row_best_log_probs(logits[:, :100], 2, []) is None  # few words: not worth the kernel
+    assert kernels.row_best_log_probs(logits.double(), 2, []) is None
+
+
+def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
+    torch.manual_seed(0)
+    dec = ShowAttendTellDecoder(400, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    grid = torch.randn(6, 9, 24)
+
+    def decode(fused):
+        AdditiveScorer.fused = Logits.fused = fused
+        try:
+            with torch.inference_mode():
+                def step(tokens, state):
+                    lp, alpha, loc, st = dec.step_with_location(tokens, state, dense=False)
+                    return lp, (alpha, loc), st
+                return beam_search(step, dec.init_state(grid), batch_size=6, start_id=1, end_id=2, max_length=8,
+                                   forbid_ids=(0, 1), beam_size=4, expand=dec.expand_state)
+        finally:
+            AdditiveScorer.fused = Logits.fused = True
+
+    fast, plain = decode(True), decode(False)
+    assert [[h.tokens for h in image] for image in fast] == [[h.tokens for h in image] for image in plain]
+    for a, b in zip(sum(fast, []), sum(plain, [])):
+        assert abs(a.score - b.score) < 1e-4
+
+
+def test_shape_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"queries \(5, 4\) do not fit keys \(2, 3, 4\)"):
+        kernels.additive_scores(torch.randn(5, 4), torch.randn(2, 3, 4), torch.randn(4))
+
+
+def test_library_is_built_once_per_source_and_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPTIONER_KERNEL_CACHE", str(tmp_path))
+    compiler = os.environ.get("CC") or "cc"
+    first = kernels._build(compiler)
+    assert first.parent == tmp_path and first.exists()
+    assert list(tmp_path.iterdir()) == [first]  # no temporary files left behind
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("rebuilt although the library is cached")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert kernels._build(compiler) == first
+
+
+def _fallback(env: dict) -> subprocess.CompletedProcess:
+    code = ("import warnings, torch\n"
+            "from captioner.models.scorers import AdditiveScorer\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    s = AdditiveScorer(6, 4, 8)\n"
+            "    e = s(torch.randn(2, 4), s.prepare(torch.randn(2, 3, 6)))\n"
+            "assert e.shape == (2, 3)\n"
+            "print('WARN:' + ' | '.join(str(x.message) for x in w))\n")
+    full = {k: v for k, v in os.environ.items() if k != "CAPTIONER_REQUIRE_KERNELS"}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full)
+
+
+def test_without_a_compiler_the_pytorch_path_runs_and_says_why(tmp_path):
+    proc = _fallback({"CC": str(tmp_path / "no-such-cc"), "CAPTIONER_KERNEL_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    assert "fused CPU attention kernel is not used" in proc.stdout and "no-such-cc" in proc.stdout
+
+
+def test_kernels_can_be_turned_off_silently_or_required(tmp_path):
+    off = _fallback({"CAPTIONER_KERNELS": "0"})
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "WARN:"
+    required = _fallback({"CC": str(tmp_path / "no-such-cc"), "CAPTIONER_KERNEL_CACHE": str(tmp_path / "c"),
+                          "CAPTIONER_REQUIRE_KERNELS": "1"})
+    assert required.returncode != 0 and "KernelUnavailable" in required.stderr
