@@ -5,7 +5,10 @@ R7 (grid 7x7, D 1280: EfficientNet-Lite0 at 224) and R14 (14x14, D 2048: ResNet-
 V 10,000, captions of 22 tokens, additive scorer; soft attention, and hard attention in "sample" mode.
 Training = forward + backward + Adam step, each configuration in a fresh process so its peak RSS is its own;
 decoding = greedy and beam 3 / 5 over 32 images together, exactly 20 steps (<end> masked). matmul_gflops (a
-float32 512x2048 @ 2048x2048 mm, same run and threads) turns the model's useful FLOPs into a fraction.
+float32 512x2048 @ 2048x2048 mm, same run and threads) turns the model's useful FLOPs into a fraction:
+train_frac_of_matmul against the reading taken at the start of the run, train_frac_of_matmul_paired against
+the same product timed between the training steps (the median of the per-step fractions; the machine's
+speed drifts by tens of percent within minutes, so this one compares a step with the rate of its moment).
 Both also run the plain per-step implementation of scripts/baseline.py, alternating with this project's
 steps or decodes, and report the median paired ratio (*_speedup_vs_baseline) and its own figures.
 
@@ -246,7 +249,11 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
         decoder = _build_decoder(s, kind, device).train()
         models[kind] = (decoder, build_optimizer("adam", decoder.parameters(), lr=1e-4))
     times: dict[str, list[float]] = {kind: [] for kind in attentions}
+    matmul = _Matmul(device)
+    rates: list[float] = []  # the matmul rate measured right after each timed round of steps
     for i in range(s["warmup_steps"] + s["train_steps"]):
+        if i >= s["warmup_steps"]:
+            rates.append(matmul.gflops())
         for kind, (decoder, optimizer) in models.items():
             _sync(device)
             start = time.perf_counter()
@@ -272,6 +279,10 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
             steps = float(lengths.float().mean()) - 1  # words predicted per caption (all s["tokens"] - 1 but F8K)
             flops = caption_train_flops(decoder, s["grid"] ** 2, steps, soft=kind != "hard")
             result[kind]["train_useful_gflop_per_caption"] = flops / 1e9
+            # the step's useful FLOP rate against the matmul rate measured beside it (not minutes earlier)
+            result[kind]["train_frac_of_matmul_paired"] = statistics.median(
+                flops * s["batch"] / t / 1e9 / rate for t, rate in zip(times[kind], rates))
+            result[kind]["matmul_gflops_alongside"] = statistics.median(rates)
         if len(models) == 1:
             result[kind]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
             if device.startswith("cuda"):
@@ -359,19 +370,31 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
 def bench_matmul(threads: int = 2, device: str = "cpu", repeats: int = 10) -> dict:
     """float32 torch.mm of (512, 2048) @ (2048, 2048): the machine's dense-matmul rate, same run and threads."""
     torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(512, 2048, generator=g).to(device)
-    b = torch.randn(2048, 2048, generator=g).to(device)
-    for _ in range(3):
-        torch.mm(a, b)
-    _sync(device)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return {"matmul_gflops": 2 * 512 * 2048 * 2048 / best / 1e9}
+    matmul = _Matmul(device, repeats)
+    for _ in range(2):  # three warm-up products in all
+        torch.mm(matmul.a, matmul.b)
+    return {"matmul_gflops": matmul.gflops()}
+
+
+class _Matmul:
+    """bench_matmul's float32 512x2048 @ 2048x2048 product, kept ready to be timed between training steps."""
+
+    def __init__(self, device: str, repeats: int = 2) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.randn(512, 2048, generator=g).to(device)
+        self.b = torch.randn(2048, 2048, generator=g).to(device)
+        self.device, self.repeats = device, repeats
+        torch.mm(self.a, self.b)
+
+    def gflops(self) -> float:
+        best = math.inf
+        for _ in range(self.repeats):
+            _sync(self.device)
+            start = time.perf_counter()
+            torch.mm(self.a, self.b)
+            _sync(self.device)
+            best = min(best, time.perf_counter() - start)
+        return 2 * 512 * 2048 * 2048 / best / 1e9
 
 
 def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
@@ -489,7 +512,10 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
     if unknown:
         raise ValueError(f"unknown bench {unknown[0]!r}; valid: {', '.join(BENCHES)}")
     torch.set_num_threads(threads)
-    results: dict = {"device": device, "threads": threads, "quick": quick}
+    from captioner import kernels
+
+    # Whether this run used the fused C kernels (captioner/kernels; CAPTIONER_KERNELS=0 times the PyTorch path).
+    results: dict = {"device": device, "threads": threads, "quick": quick, "fused_kernels": kernels.available()}
     results.update(bench_matmul(threads, device))
     for name in names:
         if name == "extract":

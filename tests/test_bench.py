@@ -50,8 +50,12 @@ def test_caption_train_flops_counts_every_matmul_once():
 def test_train_worker_reports_positive_numbers(one_thread):
     bench = load_bench()
     alone = bench._train_worker("R7", ["soft"], quick=True, device="cpu", threads=one_thread, amp=False)["soft"]
-    for key in ("train_caps_per_s", "train_step_s", "train_useful_gflop_per_caption", "peak_rss_mb"):
+    for key in ("train_caps_per_s", "train_step_s", "train_useful_gflop_per_caption", "peak_rss_mb",
+                "train_frac_of_matmul_paired", "matmul_gflops_alongside"):
         assert alone[key] > 0, key
+    # the paired fraction is a median of per-step ratios: near the ratio of the medians, not another quantity
+    of_medians = alone["train_useful_gflop_per_caption"] * alone["train_caps_per_s"] / alone["matmul_gflops_alongside"]
+    assert 0.5 < alone["train_frac_of_matmul_paired"] / of_medians < 2.0
     pair = bench._train_worker("R7", ["soft", "hard"], quick=True, device="cpu", threads=one_thread, amp=False)
     assert pair["hard"]["train_caps_per_s"] > 0 and pair["hard"]["hard_soft_time_ratio"] > 0
     assert "peak_rss_mb" not in pair["hard"]  # two models in one process: not one configuration's RSS
