@@ -152,9 +152,13 @@ def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
         assert abs(a.score - b.score) < 1e-4
 
 
-def test_shape_mismatch_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"queries \(5, 4\) do not fit keys \(2, 3, 4\)"):
+def test_shape_dtype_or_device_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"queries \(5, 4\) and v \(4,\) do not fit keys \(2, 3, 4\)"):
         kernels.additive_scores(torch.randn(5, 4), torch.randn(2, 3, 4), torch.randn(4))
+    with pytest.raises(ValueError, match=r"v \(3,\) do not fit"):  # too few values of v: never read past them
+        kernels.additive_scores(torch.randn(4, 4), torch.randn(2, 3, 4), torch.randn(3))
+    with pytest.raises(ValueError, match="float32 CPU tensors"):
+        kernels.additive_scores(torch.randn(4, 4).double(), torch.randn(2, 3, 4).double(), torch.randn(4).double())
 
 
 def test_library_is_built_once_per_source_and_cpu(tmp_path, monkeypatch):
@@ -188,7 +192,7 @@ def _fallback(env: dict) -> subprocess.CompletedProcess:
 def test_without_a_compiler_the_pytorch_path_runs_and_says_why(tmp_path):
     proc = _fallback({"CC": str(tmp_path / "no-such-cc"), "CAPTIONER_KERNEL_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr
-    assert "fused CPU attention kernel is not used" in proc.stdout and "no-such-cc" in proc.stdout
+    assert "fused CPU kernels are not used" in proc.stdout and "no-such-cc" in proc.stdout
 
 
 def test_kernels_can_be_turned_off_silently_or_required(tmp_path):

@@ -115,8 +115,8 @@ def available() -> bool:
         if os.environ.get("CAPTIONER_REQUIRE_KERNELS") == "1":
             raise
         if os.environ.get("CAPTIONER_KERNELS", "1") != "0":
-            warnings.warn(f"captioner: the fused CPU attention kernel is not used ({err}); the PyTorch path "
-                          "runs instead (slower). CAPTIONER_KERNELS=0 silences this.", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"captioner: the fused CPU kernels are not used ({err}); the PyTorch path runs "
+                          "instead (slower). CAPTIONER_KERNELS=0 silences this.", RuntimeWarning, stacklevel=2)
         return False
 
 
@@ -127,12 +127,15 @@ def additive_applies(q: Tensor, prepared: Tensor, v: Tensor) -> bool:
             and not torch.is_autocast_enabled("cpu") and available())
 
 
-def _check(q: Tensor, prepared: Tensor) -> tuple[Tensor, Tensor, int, int, int, int]:
+def _check(q: Tensor, prepared: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int, int, int, int]:
+    """The C code reads raw pointers: shapes, device and dtype are checked here, not trusted."""
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, prepared, v)):
+        raise ValueError("the fused kernels take float32 CPU tensors (see additive_applies)")
     M, L, A = prepared.shape
     N = q.shape[0]
-    if q.shape[1] != A or N % M:
-        raise ValueError(f"queries {tuple(q.shape)} do not fit keys {tuple(prepared.shape)}: "
-                         "need (M*G, A) for keys (M, L, A)")
+    if q.dim() != 2 or q.shape[1] != A or N % M or v.numel() != A:
+        raise ValueError(f"queries {tuple(q.shape)} and v {tuple(v.shape)} do not fit keys {tuple(prepared.shape)}: "
+                         "need (M*G, A) and A values for keys (M, L, A)")
     if q.stride(1) != 1:
         q = q.contiguous()
     return q, prepared.contiguous(), M, N // M, L, A
@@ -141,7 +144,7 @@ def _check(q: Tensor, prepared: Tensor) -> tuple[Tensor, Tensor, int, int, int, 
 class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, prepared: Tensor, v: Tensor) -> Tensor:
-        q, prepared, M, G, L, A = _check(q, prepared)
+        q, prepared, M, G, L, A = _check(q, prepared, v)
         ctx.v_shape = v.shape
         v = v.reshape(-1).contiguous()
         scores = prepared.new_empty(M * G, L)
