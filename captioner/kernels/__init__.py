@@ -120,16 +120,20 @@ def available() -> bool:
         return False
 
 
+def _float32_cpu(*tensors: Tensor) -> bool:
+    """What the C code reads: float32 CPU memory."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
 def additive_applies(q: Tensor, prepared: Tensor, v: Tensor) -> bool:
     """Whether additive_scores serves these tensors: float32 on the CPU, outside autocast, kernels built."""
-    return (prepared.device.type == "cpu" and q.dtype == prepared.dtype == v.dtype == torch.float32
-            and prepared.dim() == 3 and q.dim() == 2 and prepared.shape[0] > 0 and prepared.shape[1] > 0
+    return (_float32_cpu(q, prepared, v) and prepared.dim() == 3 and q.dim() == 2 and prepared.shape[0] > 0 and prepared.shape[1] > 0
             and not torch.is_autocast_enabled("cpu") and available())
 
 
 def _check(q: Tensor, prepared: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int, int, int, int]:
     """The C code reads raw pointers: shapes, device and dtype are checked here, not trusted."""
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, prepared, v)):
+    if not _float32_cpu(q, prepared, v):
         raise ValueError("the fused kernels take float32 CPU tensors (see additive_applies)")
     M, L, A = prepared.shape
     N = q.shape[0]
@@ -181,11 +185,11 @@ BEST_MIN_WORDS = 256
 def row_best_log_probs(logits: Tensor, k: int, banned: list[int]) -> tuple[Tensor, Tensor] | None:
     """(log-probs (N, k), ids (N, k)) of each row's k best words other than ``banned``, best first, from raw
     logits (N, V), with the banned words counted in the normaliser (search.Logits.best); one read of each
-    row for its maximum and one for the sum of exponentials and the top k together, nothing written. None
+    row for its top k (which gives its maximum) and one for the sum of exponentials, nothing written. None
     where the kernel does not serve (not float32 on the CPU, few words, or a row with non-finite logits or
     fewer than k eligible words): the caller's PyTorch path then runs."""
     N, V = logits.shape if logits.dim() == 2 else (0, 0)
-    if (logits.device.type != "cpu" or logits.dtype != torch.float32 or V < BEST_MIN_WORDS or N == 0
+    if (not _float32_cpu(logits) or V < BEST_MIN_WORDS or N == 0
             or k < 1 or k + len(banned) >= V or not available()):
         return None
     x = logits.contiguous()

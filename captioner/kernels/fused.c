@@ -79,7 +79,8 @@ void additive_scores_backward(const float *p, const float *q, int64_t q_stride, 
        values[r, j] = x[r, ids[r, j]] - (max_v x[r, v] + log sum_v exp(x[r, v] - max_v x[r, v]))
 
    Two passes over a row: the top k (a group of 16 columns is looked at only when its maximum beats the
-   current k-th best; the row's maximum is then the best word's or a banned one's), then the sum of exponentials. Ties keep the lower id first.
+   current k-th best; the row's maximum is then the best word's or a banned one's), then the sum of
+   exponentials. Ties keep the lower id first.
    A row whose normaliser is not finite (NaN or infinite logits) or with fewer than k eligible words gets
    ids[r, 0] = -1: the caller then takes its PyTorch path. */
 static int is_banned(int64_t v, const int64_t *banned, int64_t nb)
