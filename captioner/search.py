@@ -86,29 +86,38 @@ class Logits:
     log-softmax) and one log-sum-exp per row, so no (N, V) log-softmax and no (N, V) sum of beam scores is
     ever written. Beam search is still exact: of an image's K x V candidates, only the K best words of each
     beam can be among its K best. The search may overwrite the logits: best() consumes them.
+
+    ``bias`` (V,), when given, is added to every row (the output layer's bias): the logits are then
+    ``logits + bias``, which the fused read forms on the fly instead of in an (N, V) pass of its own.
     """
 
     # Whether best() may read the logits with the fused C kernel (captioner/kernels, float32 on the CPU); the
     # PyTorch code below is the reference it is tested against (tests/test_kernels.py).
     fused = True
 
-    def __init__(self, logits: Tensor) -> None:
-        self.logits = logits
+    def __init__(self, logits: Tensor, bias: Tensor | None = None) -> None:
+        self.logits, self.bias = logits, bias
+
+    def _with_bias(self) -> Tensor:
+        """The (N, V) logits with the bias added (in place: best() and dense() consume them)."""
+        x = self.logits.float()  # no copy for float32
+        return x if self.bias is None else x.add_(self.bias)
 
     def dense(self) -> Tensor:
         """The (N, V) float32 log-probabilities."""
-        return torch.log_softmax(self.logits.float(), dim=1)
+        return torch.log_softmax(self._with_bias(), dim=1)
 
     def best(self, k: int, banned: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
         """(log-probs (N, k), word ids (N, k)) of each row's k most probable words other than ``banned``.
         Banned words still count in the normaliser, as when dense log-probs are masked after the
         log-softmax. Overwrites the logits (call once)."""
-        x = self.logits.float()  # (N, V); no copy for float32
-        if self.fused:
-            read = kernels.row_best_log_probs(x, k, list(banned))  # the C kernel's one read per row, or None
+        self.logits = self.logits.float()  # (N, V); no copy for float32
+        if self.fused:  # the C kernel's one read per row, the bias added on the fly; or None
+            read = kernels.row_best_log_probs(self.logits, k, list(banned), self.bias)
             if read is not None:
                 self.logits = None
                 return read
+        x = self._with_bias()  # (N, V)
         if banned:
             ids = torch.tensor(list(banned), device=x.device)
             kept = x.index_select(1, ids)  # (N, b)

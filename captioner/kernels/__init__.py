@@ -98,7 +98,7 @@ def _library() -> ctypes.CDLL:
     lib.additive_scores.argtypes = [_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR] + [_C_INT64] * 4 + [ctypes.c_int]
     lib.additive_scores_backward.argtypes = ([_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR, _C_PTR, _C_PTR, _C_PTR]
                                              + [_C_INT64] * 4 + [ctypes.c_int])
-    lib.row_best_log_probs.argtypes = [_C_PTR] + [_C_INT64] * 3 + [_C_PTR, _C_INT64, _C_PTR, _C_PTR, ctypes.c_int]
+    lib.row_best_log_probs.argtypes = [_C_PTR, _C_PTR] + [_C_INT64] * 3 + [_C_PTR, _C_INT64, _C_PTR, _C_PTR, ctypes.c_int]
     for fn in (lib.additive_scores, lib.additive_scores_backward, lib.row_best_log_probs):
         fn.restype = None
     return lib
@@ -182,21 +182,35 @@ def additive_scores(q: Tensor, prepared: Tensor, v: Tensor) -> Tensor:
 BEST_MIN_WORDS = 256
 
 
-def row_best_log_probs(logits: Tensor, k: int, banned: list[int]) -> tuple[Tensor, Tensor] | None:
+def row_best_log_probs(logits: Tensor, k: int, banned: list[int], bias: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor] | None:
     """(log-probs (N, k), ids (N, k)) of each row's k best words other than ``banned``, best first, from raw
-    logits (N, V), with the banned words counted in the normaliser (search.Logits.best); one read of each
-    row for its top k (which gives its maximum) and one for the sum of exponentials, nothing written. None
-    where the kernel does not serve (not float32 on the CPU, few words, or a row with non-finite logits or
-    fewer than k eligible words): the caller's PyTorch path then runs."""
+    logits (N, V) plus ``bias`` (V,) when given (added as ``logits + bias`` would round it), with the banned words
+    counted in the normaliser (search.Logits.best); one read of each row for its top k (which gives its maximum)
+    and one for the sum of exponentials, nothing written. None where the kernel does not serve (not float32 on
+    the CPU, few words, or a row with non-finite logits or fewer than k eligible words): the caller's PyTorch
+    path then runs."""
     N, V = logits.shape if logits.dim() == 2 else (0, 0)
     if (not _float32_cpu(logits) or V < BEST_MIN_WORDS or N == 0
             or k < 1 or k + len(banned) >= V or not available()):
         return None
-    x = logits.contiguous()
+    if bias is None:
+        bias = _zeros(V)
+    elif bias.shape != (V,):
+        raise ValueError(f"bias must have shape ({V},) for logits {tuple(logits.shape)}, got {tuple(bias.shape)}")
+    elif not _float32_cpu(bias):
+        return None
+    x, bias = logits.contiguous(), bias.contiguous()
     ban = torch.tensor(sorted(set(banned)), dtype=torch.int64)
     values, ids = x.new_empty(N, k), torch.empty(N, k, dtype=torch.int64)
-    _library().row_best_log_probs(x.data_ptr(), N, V, k, ban.data_ptr(), ban.numel(), values.data_ptr(),
-                                  ids.data_ptr(), torch.get_num_threads())
+    _library().row_best_log_probs(x.data_ptr(), bias.data_ptr(), N, V, k, ban.data_ptr(), ban.numel(),
+                                  values.data_ptr(), ids.data_ptr(), torch.get_num_threads())
     if bool((ids[:, 0] < 0).any()):
         return None
     return values, ids
+
+
+@functools.lru_cache(maxsize=4)
+def _zeros(n: int) -> Tensor:
+    """A float32 CPU zero vector of n (the kernel's bias when there is none); never written."""
+    return torch.zeros(n)

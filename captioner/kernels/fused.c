@@ -74,13 +74,14 @@ void additive_scores_backward(const float *p, const float *q, int64_t q_stride, 
 }
 
 /* The searches' read of a step's logits (search.Logits.best): each row's k largest logits other than the
-   `banned` ids, best first, as log-probabilities, the banned words still counted in the normaliser:
+   `banned` ids, best first, as log-probabilities, the banned words still counted in the normaliser. The
+   logits are x[r, v] + b[v] (b: the output layer's bias, rounded once as an add would; zeros for none):
 
-       values[r, j] = x[r, ids[r, j]] - (max_v x[r, v] + log sum_v exp(x[r, v] - max_v x[r, v]))
+       values[r, j] = y[r, ids[r, j]] - (max_v y[r, v] + log sum_v exp(y[r, v] - max_v y[r, v])),  y = x + b
 
-   Two passes over a row: the top k (a group of 16 columns is looked at only when its maximum beats the
-   current k-th best; the row's maximum is then the best word's or a banned one's), then the sum of
-   exponentials. Ties keep the lower id first.
+   Two passes over a row: the top k (a block of BLOCK columns is looked at word by word only when its
+   maximum, a vectorized pass, beats the current k-th best; the row's maximum is then the best word's or a
+   banned one's), then the sum of exponentials. Ties keep the lower id first.
    A row whose normaliser is not finite (NaN or infinite logits) or with fewer than k eligible words gets
    ids[r, 0] = -1: the caller then takes its PyTorch path. */
 static int is_banned(int64_t v, const int64_t *banned, int64_t nb)
@@ -90,8 +91,10 @@ static int is_banned(int64_t v, const int64_t *banned, int64_t nb)
     return 0;
 }
 
-void row_best_log_probs(const float *x, int64_t N, int64_t V, int64_t k, const int64_t *banned, int64_t nb,
-                        float *values, int64_t *ids, int threads)
+#define BLOCK 64
+
+void row_best_log_probs(const float *x, const float *bias, int64_t N, int64_t V, int64_t k, const int64_t *banned,
+                        int64_t nb, float *values, int64_t *ids, int threads)
 {
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < N; r++) {
@@ -100,29 +103,34 @@ void row_best_log_probs(const float *x, int64_t N, int64_t V, int64_t k, const i
         int64_t *idx = ids + r * k;
         int64_t filled = 0;
         for (int64_t j = 0; j < k; j++) { val[j] = -INFINITY; idx[j] = -1; }
-        for (int64_t c = 0; c < V; c += 16) {
-            const int64_t end = c + 16 < V ? c + 16 : V;
-            if (filled == k && end - c == 16) {
-                float m = -INFINITY;
-                for (int64_t i = 0; i < 16; i++) m = row[c + i] > m ? row[c + i] : m;
+        for (int64_t c = 0; c < V; c += BLOCK) {
+            const int64_t end = c + BLOCK < V ? c + BLOCK : V;
+            if (filled == k) {
+                float m = -INFINITY;  /* NaN logits never win here, nor below: such rows fail isfinite(lse) */
+                #pragma omp simd reduction(max:m)
+                for (int64_t v = c; v < end; v++) {
+                    const float y = row[v] + bias[v];
+                    m = y > m ? y : m;
+                }
                 if (!(m > val[k - 1])) continue;
             }
             for (int64_t v = c; v < end; v++) {
-                const float xv = row[v];
-                if ((filled == k && !(xv > val[k - 1])) || is_banned(v, banned, nb)) continue;
+                const float y = row[v] + bias[v];
+                if ((filled == k && !(y > val[k - 1])) || is_banned(v, banned, nb)) continue;
                 int64_t j = filled < k ? filled++ : k - 1;
-                while (j > 0 && val[j - 1] < xv) { val[j] = val[j - 1]; idx[j] = idx[j - 1]; j--; }
-                val[j] = xv;
+                while (j > 0 && val[j - 1] < y) { val[j] = val[j - 1]; idx[j] = idx[j - 1]; j--; }
+                val[j] = y;
                 idx[j] = v;
             }
         }
         float top = val[0];  /* the row's maximum: the best eligible word's, or a banned word's */
         for (int64_t b = 0; b < nb; b++)
-            if (banned[b] >= 0 && banned[b] < V && row[banned[b]] > top) top = row[banned[b]];
+            if (banned[b] >= 0 && banned[b] < V && row[banned[b]] + bias[banned[b]] > top)
+                top = row[banned[b]] + bias[banned[b]];
         float total = 0.0f;
         #pragma omp simd reduction(+:total)
         for (int64_t v = 0; v < V; v++)
-            total += expf(row[v] - top);
+            total += expf((row[v] + bias[v]) - top);
         const float lse = top + logf(total);
         if (filled < k || !isfinite(lse)) { idx[0] = -1; continue; }
         for (int64_t j = 0; j < k; j++) val[j] -= lse;

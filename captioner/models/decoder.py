@@ -335,14 +335,17 @@ class ShowAttendTellDecoder(nn.Module):
         # Sums in place into the fresh L_h output (no temporaries of the full (B, T-1, E) size).
         return self.dropout(self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb))
 
-    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
-        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t)."""
+    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False, bias: bool = True) -> Tensor:
+        """Eq. (7): L_o(E y_{t-1} + L_h h_t + L_z z_t); without L_o's bias when ``bias`` is False (inference only:
+        a search's Logits then add it as they read the logits)."""
         features = self._deep_features(emb, h, z, projected)
         if torch.is_grad_enabled():
+            if not bias:
+                raise RuntimeError("_deep_output(bias=False) is for inference")
             return self.out(features)
         # inference: L_o packed once per set of weights and row count (StepWeight), or column-major
         out = self._cached("out", [self.out.weight], lambda: StepWeight(_column_major(self.out.weight)))
-        return out.addmm(self.out.bias, features)
+        return out.addmm(self.out.bias, features) if bias else out.mm(features)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None) -> DecoderOutput:
@@ -506,9 +509,10 @@ class ShowAttendTellDecoder(nn.Module):
         else:
             word_gates = self._word_gate_table().index_select(0, tokens)  # (N, 4H): a gather, no matmul
         h, c, z, read = self._recur(word_gates, h, c, memory, mode, step_weights, projected=projected)
-        logits = self._deep_output(emb, h, z, projected)  # (N, V)
         if dense:
-            log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
-        else:
-            log_probs = Logits(logits)  # (N, V), normalised by the search for the words it reads
+            log_probs = F.log_softmax(self._deep_output(emb, h, z, projected), dim=-1)  # (N, V)
+        elif torch.is_grad_enabled():
+            log_probs = Logits(self._deep_output(emb, h, z, projected))  # (N, V), normalised by the search
+        else:  # L_o's bias added by the search as it reads the words (no (N, V) pass of its own)
+            log_probs = Logits(self._deep_output(emb, h, z, projected, bias=False), self.out.bias)
         return log_probs, read.alpha, read.index, type(state)((h, c, *memory))

@@ -126,18 +126,28 @@ class StepWeight:
     # switches packing off then.
     PACK_MIN_RUN = 6
 
-    def _matmul(self, base: Tensor, x: Tensor) -> Tensor:
-        """base + x @ W_b^T without autograd (the forward of a recorded step, or a plain one)."""
+    def _matmul(self, base: Tensor | None, x: Tensor) -> Tensor:
+        """base + x @ W_b^T without autograd (the forward of a recorded step, or a plain one); x @ W_b^T when
+        base is None."""
         rows = x.shape[0]
         self._calls = self._calls + 1 if rows == self._rows else 1
         self._rows = rows
-        if not self.packing or self._calls <= self.PACK_AFTER or not _mkl_packs(x, self.block):
-            return torch.addmm(base, x, self.block.t())
+        # a packing kept for this row count serves at once (a decoder's packings outlive one search)
+        have = self._packed is not None and self._packed[0] == rows
+        if not self.packing or (self._calls <= self.PACK_AFTER and not have) or not _mkl_packs(x, self.block):
+            return torch.mm(x, self.block.t()) if base is None else torch.addmm(base, x, self.block.t())
         if self._contiguous is None:
             self._contiguous = self.block.detach().contiguous()
-        if self._packed is None or self._packed[0] != rows:
+        if not have:
             self._packed = (rows, torch.ops.mkl._mkl_reorder_linear_weight(self._contiguous, rows))
-        return torch.ops.mkl._mkl_linear(x, self._packed[1], self._contiguous, None, rows).add_(base)
+        out = torch.ops.mkl._mkl_linear(x, self._packed[1], self._contiguous, None, rows)
+        return out if base is None else out.add_(base)
+
+    def mm(self, x: Tensor) -> Tensor:
+        """x @ W_b^T, outside autograd (inference: e.g. logits whose bias the search adds, search.Logits)."""
+        if torch.is_grad_enabled() and (x.requires_grad or self.block.requires_grad):
+            raise RuntimeError("StepWeight.mm is for inference; use addmm under autograd")
+        return self._matmul(None, x)
 
     def addmm(self, base: Tensor, x: Tensor) -> Tensor:
         """base + x @ W_b^T."""
