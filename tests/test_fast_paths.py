@@ -333,6 +333,35 @@ def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
     torch.testing.assert_close(outs[0].word_log_probs, outs[1].word_log_probs, atol=1e-5, rtol=1e-5)
 
 
+def test_step_weight_uses_a_packing_it_holds_at_once_and_mm_leaves_out_the_base():
+    from captioner.models import deferred
+
+    g = torch.Generator().manual_seed(0)
+    weight, base = torch.randn(30, 20, generator=g), torch.randn(30, generator=g)
+    step = deferred.StepWeight(weight)
+    x = torch.randn(6, 20, generator=g)
+    with torch.no_grad():
+        for _ in range(step.PACK_AFTER + 1):
+            step.addmm(base, x)
+        if not deferred._mkl_packs(x, weight):
+            pytest.skip("no MKL packed GEMM in this build")
+        packed = step._packed
+        assert packed is not None and packed[0] == 6
+        step.addmm(base, torch.randn(2, 20, generator=g))  # another row count: plain, the packing kept
+        assert step._packed is packed
+        calls = []
+        real = torch.ops.mkl._mkl_linear
+        try:
+            torch.ops.mkl._mkl_linear = lambda *a: calls.append(1) or real(*a)
+            torch.testing.assert_close(step.addmm(base, x), torch.addmm(base, x, weight.t()))  # packed at once
+            torch.testing.assert_close(step.mm(x), x @ weight.t())
+        finally:
+            torch.ops.mkl._mkl_linear = real
+        assert len(calls) == 2 and step._packed is packed
+    with pytest.raises(RuntimeError, match="inference"):
+        step.mm(x.requires_grad_())
+
+
 @pytest.mark.parametrize("rows", [1, 7, 32])
 def test_packed_step_weight_equals_addmm_and_repacks_when_rows_change(rows):
     from captioner.models import deferred

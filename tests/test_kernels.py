@@ -4,7 +4,8 @@
   queries per key row, strided queries and sizes that are not a multiple of the vector width; the results
   do not depend on the thread count; the scorer uses it where it applies.
 - The searches' read of raw logits (search.Logits.best): the same words and log-probs as the PyTorch path,
-  banned words counted in the normaliser, ties to the lower id, the PyTorch path for rows it does not serve;
+  banned words counted in the normaliser, ties to the lower id, the output layer's bias added on the fly
+  exactly as an add would, the PyTorch path for rows it does not serve;
   a whole beam search gives the same captions with and without both kernels.
 - Without a compiler (or with CAPTIONER_KERNELS=0) the PyTorch path runs, with one warning that says why.
 """
@@ -127,6 +128,45 @@ def test_best_words_ties_go_to_the_lower_id_and_odd_rows_fall_back():
     assert kernels.row_best_log_probs(logits, 2, list(range(298))) is None  # fewer eligible words than k + margin
     assert kernels.row_best_log_probs(logits[:, :100], 2, []) is None  # few words: not worth the kernel
     assert kernels.row_best_log_probs(logits.double(), 2, []) is None
+
+
+def test_best_words_with_a_bias_read_logits_plus_bias_rounded_as_an_add():
+    g = torch.Generator().manual_seed(3)
+    logits, bias = torch.randn(21, 700, generator=g) * 3, torch.randn(700, generator=g) * 5
+    bias[650] = 40.0  # the bias alone makes a late word every row's best
+    added = logits + bias
+    fast = kernels.row_best_log_probs(logits, 4, [0, 1], bias)
+    assert fast is not None
+    pre = kernels.row_best_log_probs(added, 4, [0, 1])  # the same sums, formed beforehand
+    assert torch.equal(fast[1], pre[1]) and torch.equal(fast[0], pre[0])  # bit for bit
+    assert (fast[1][:, 0] == 650).all()
+    for fused in (True, False):  # Logits(logits, bias) = Logits(logits + bias), on both paths
+        saved, Logits.fused = Logits.fused, fused
+        try:
+            words = Logits(logits.clone(), bias).best(4, [0, 1])
+            ref = Logits(added.clone()).best(4, [0, 1])
+            assert torch.equal(words[1], ref[1])
+            torch.testing.assert_close(words[0], ref[0], atol=1e-5, rtol=1e-6)
+        finally:
+            Logits.fused = saved
+    torch.testing.assert_close(Logits(logits.clone(), bias).dense(), torch.log_softmax(added, 1))
+    with pytest.raises(ValueError, match=r"bias must have shape \(700,\)"):
+        kernels.row_best_log_probs(logits, 4, [], bias[:-1])
+    assert kernels.row_best_log_probs(logits, 4, [], bias.double()) is None  # the PyTorch path then
+
+
+def test_decoder_step_hands_the_search_its_logits_and_output_bias():
+    torch.manual_seed(1)
+    dec = ShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    grid, tokens = torch.randn(3, 9, 24), torch.tensor([1, 5, 7])
+    with torch.inference_mode():
+        state = dec.init_state(grid)
+        dense = dec.step_with_location(tokens, state)[0]
+        logits = dec.step_with_location(tokens, state, dense=False)[0]
+        assert logits.bias is dec.out.bias
+        torch.testing.assert_close(logits.dense(), dense)
+    with pytest.raises(RuntimeError, match="inference"):
+        dec._deep_output(torch.randn(3, 16), torch.randn(3, 16), torch.randn(3, 24), bias=False)
 
 
 def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
