@@ -99,9 +99,12 @@ class Logits:
         self.logits, self.bias = logits, bias
 
     def _with_bias(self) -> Tensor:
-        """The (N, V) logits with the bias added (in place: best() and dense() consume them)."""
-        x = self.logits.float()  # no copy for float32
-        return x if self.bias is None else x.add_(self.bias)
+        """The (N, V) float32 logits with the bias added, in place and once (self.bias is None afterwards)."""
+        self.logits = self.logits.float()  # no copy for float32
+        if self.bias is not None:
+            self.logits.add_(self.bias)
+            self.bias = None
+        return self.logits
 
     def dense(self) -> Tensor:
         """The (N, V) float32 log-probabilities."""

@@ -149,7 +149,9 @@ def test_best_words_with_a_bias_read_logits_plus_bias_rounded_as_an_add():
             torch.testing.assert_close(words[0], ref[0], atol=1e-5, rtol=1e-6)
         finally:
             Logits.fused = saved
-    torch.testing.assert_close(Logits(logits.clone(), bias).dense(), torch.log_softmax(added, 1))
+    read = Logits(logits.clone(), bias)
+    torch.testing.assert_close(read.dense(), torch.log_softmax(added, 1))
+    torch.testing.assert_close(read.dense(), torch.log_softmax(added, 1))  # the bias is added once
     with pytest.raises(ValueError, match=r"bias must have shape \(700,\)"):
         kernels.row_best_log_probs(logits, 4, [], bias[:-1])
     assert kernels.row_best_log_probs(logits, 4, [], bias.double()) is None  # the PyTorch path then
