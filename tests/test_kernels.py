@@ -6,7 +6,9 @@
 - The searches' read of raw logits (search.Logits.best): the same words and log-probs as the PyTorch path,
   banned words counted in the normaliser, ties to the lower id, the output layer's bias added on the fly
   exactly as an add would, the PyTorch path for rows it does not serve;
-  a whole beam search gives the same captions with and without both kernels.
+  a whole beam search gives the same captions with and without all three kernels.
+- The LSTM cell of a decoding step (with projected values also the gate and the gate sums): the same h, c and
+  gated L_z z as the PyTorch ops, strided inputs as the decoder hands them; used only without autograd.
 - Without a compiler (or with CAPTIONER_KERNELS=0) the PyTorch path runs, with one warning that says why.
 """
 from __future__ import annotations
@@ -171,13 +173,85 @@ def test_decoder_step_hands_the_search_its_logits_and_output_bias():
         dec._deep_output(torch.randn(3, 16), torch.randn(3, 16), torch.randn(3, 24), bias=False)
 
 
+def _cell_reference(a, c, b=None, z=None, gate_logit=None):
+    H = c.shape[1]
+    beta = torch.sigmoid(gate_logit) if gate_logit is not None else torch.ones(())
+    gates = a if b is None else a + b + beta * z[:, :4 * H]
+    i, f, g, o = gates.chunk(4, dim=1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    zl = None if z is None or z.shape[1] == 4 * H else beta * z[:, 4 * H:]
+    return torch.sigmoid(o) * torch.tanh(c), c, zl
+
+
+@pytest.mark.parametrize("N,H,E", [(5, 16, 7), (1, 3, 0), (33, 40, 24)])
+@pytest.mark.parametrize("form", ["gates", "sums", "sums and gate"])
+def test_lstm_cell_equals_the_pytorch_ops(N, H, E, form):
+    g = torch.Generator().manual_seed(N + H)
+    a, c = torch.randn(N, 4 * H, generator=g) * 3, torch.randn(N, H, generator=g)
+    extra = {}
+    if form != "gates":  # b and the gate logit as the decoder hands them: strided columns of one matmul's output
+        from_h = torch.randn(N, 4 * H + 9, generator=g) * 3
+        extra = dict(b=from_h[:, :4 * H], z=torch.randn(N, 4 * H + E, generator=g) * 3)
+        if form == "sums and gate":
+            extra["gate_logit"] = from_h[:, -1:]
+    h, c_new, zl = kernels.lstm_cell(a, c, **extra)
+    ref = _cell_reference(a, c, **extra)
+    torch.testing.assert_close(h, ref[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c_new, ref[1], atol=1e-6, rtol=1e-5)
+    assert (zl is None) == (ref[2] is None)
+    if zl is not None:
+        torch.testing.assert_close(zl, ref[2], atol=1e-6, rtol=1e-6)
+
+
+def test_lstm_cell_mismatch_is_a_clear_error():
+    a, c = torch.randn(4, 8), torch.randn(4, 2)
+    with pytest.raises(ValueError, match=r"gates \(4, 8\) and cell state \(4, 3\) do not fit"):
+        kernels.lstm_cell(a, torch.randn(4, 3))
+    with pytest.raises(ValueError, match="come together"):
+        kernels.lstm_cell(a, c, b=a)
+    with pytest.raises(ValueError, match=r"b \(4, 8\) and z \(4, 5\) do not fit"):
+        kernels.lstm_cell(a, c, b=a, z=torch.randn(4, 5))
+    with pytest.raises(ValueError, match="gate_logit must be"):
+        kernels.lstm_cell(a, c, b=a, z=a, gate_logit=torch.randn(4, 2))
+    with pytest.raises(ValueError, match="float32 CPU"):
+        kernels.lstm_cell(a.double(), c.double())
+
+
+@pytest.mark.parametrize("beams", [1, 5])
+def test_decoder_step_uses_the_fused_cell_only_without_autograd(beams, monkeypatch):
+    torch.manual_seed(2)
+    dec = ShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    grid, tokens = torch.randn(3, 16, 24), torch.tensor([1, 5, 7]).repeat_interleave(beams)
+    calls = []
+    real = kernels.lstm_cell
+    monkeypatch.setattr(kernels, "lstm_cell", lambda *a, **k: calls.append(len(a) + len(k)) or real(*a, **k))
+
+    def step(fused):
+        ShowAttendTellDecoder.fused_cell = fused
+        try:
+            with torch.inference_mode():
+                state = dec.expand_state(dec.init_state(grid), beams)  # 5 beams on 16 cells: projected values
+                lp, alpha, _, (h, c, *_) = dec.step_with_location(tokens, state)
+                return lp, h, c
+        finally:
+            ShowAttendTellDecoder.fused_cell = True
+
+    fast, plain = step(True), step(False)
+    assert calls == [5 if beams > 1 else 2]  # the projected step hands over the gate sums, the plain one its gates
+    for x, y in zip(fast, plain):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    calls.clear()
+    dec.step(tokens, dec.expand_state(dec.init_state(grid), beams))  # under autograd: the PyTorch ops
+    assert not calls
+
+
 def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
     torch.manual_seed(0)
     dec = ShowAttendTellDecoder(400, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
     grid = torch.randn(6, 9, 24)
 
     def decode(fused):
-        AdditiveScorer.fused = Logits.fused = fused
+        AdditiveScorer.fused = Logits.fused = ShowAttendTellDecoder.fused_cell = fused
         try:
             with torch.inference_mode():
                 def step(tokens, state):
@@ -186,7 +260,7 @@ def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
                 return beam_search(step, dec.init_state(grid), batch_size=6, start_id=1, end_id=2, max_length=8,
                                    forbid_ids=(0, 1), beam_size=4, expand=dec.expand_state)
         finally:
-            AdditiveScorer.fused = Logits.fused = True
+            AdditiveScorer.fused = Logits.fused = ShowAttendTellDecoder.fused_cell = True
 
     fast, plain = decode(True), decode(False)
     assert [[h.tokens for h in image] for image in fast] == [[h.tokens for h in image] for image in plain]

@@ -7,9 +7,11 @@ fused.c computes the scores in one pass over the projected keys and recomputes t
 so the hidden layer is never stored (scripts/bench.py's shapes, 2 threads: the scores of beam 5 at R7,
 (32, 5, 49, 512), 1.4 ms against 2.2 for the PyTorch ops). It also reads a search step's raw logits
 (search.Logits.best): each row's k best words and its log-sum-exp in two passes, nothing written (160 x
-10,000 logits: 1.05 ms against 2.0). Whole runs, in-process A/B: training 1.04-1.09x, beam 5 1.09-1.20x
-(README, Performance). The PyTorch code in scorers.py and search.py stays the reference and the fallback,
-and tests/test_kernels.py compares the two.
+10,000 logits: 1.05 ms against 2.0), with the output layer's bias added as it reads. And it runs a decoding
+step's LSTM cell (lstm_cell: with projected values also the gate and the gate sums) in one pass per row
+instead of about ten ops. Whole runs, in-process A/B: training 1.04-1.09x, beam 5 1.09-1.20x, then 1.03x for
+the bias and 1.04x for the cell (README, Performance). The PyTorch code in scorers.py, search.py and
+decoder.py stays the reference and the fallback, and tests/test_kernels.py compares the two.
 
 The library is compiled once per source, flags and CPU into ``$CAPTIONER_KERNEL_CACHE`` (default
 ``~/.cache/captioner/kernels``) with ``$CC`` (default ``cc``), with -march=native (hence the CPU in the
@@ -99,7 +101,8 @@ def _library() -> ctypes.CDLL:
     lib.additive_scores_backward.argtypes = ([_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR, _C_PTR, _C_PTR, _C_PTR]
                                              + [_C_INT64] * 4 + [ctypes.c_int])
     lib.row_best_log_probs.argtypes = [_C_PTR, _C_PTR] + [_C_INT64] * 3 + [_C_PTR, _C_INT64, _C_PTR, _C_PTR, ctypes.c_int]
-    for fn in (lib.additive_scores, lib.additive_scores_backward, lib.row_best_log_probs):
+    lib.lstm_cell.argtypes = ([_C_PTR, _C_INT64] * 4 + [_C_PTR] * 4 + [_C_INT64] * 3 + [ctypes.c_int])
+    for fn in (lib.additive_scores, lib.additive_scores_backward, lib.row_best_log_probs, lib.lstm_cell):
         fn.restype = None
     return lib
 
@@ -208,6 +211,49 @@ def row_best_log_probs(logits: Tensor, k: int, banned: list[int], bias: Tensor |
     if bool((ids[:, 0] < 0).any()):
         return None
     return values, ids
+
+
+def lstm_cell_applies(*tensors: Tensor) -> bool:
+    """Whether lstm_cell serves a decoding step with these tensors: float32 on the CPU, no autograd recording,
+    outside autocast, kernels built."""
+    return (_float32_cpu(*tensors) and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            and available())
+
+
+def lstm_cell(a: Tensor, c: Tensor, b: Tensor | None = None, z: Tensor | None = None,
+              gate_logit: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """An LSTM cell without autograd, the gate sums included: gates = a (N, 4H), or a + b + beta z[:, :4H] with
+    beta = sigmoid(gate_logit) (N, 1) (1 without it); blocks i, f, g, o; returns (h, c_new, zl) with
+    c_new = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c_new) and, when z (N, 4H + E) has E > 0 more
+    columns, zl = beta z[:, 4H:] (else None). One pass per row (fused.c); check lstm_cell_applies first."""
+    if a.dim() != 2 or c.dim() != 2 or a.shape != (c.shape[0], 4 * c.shape[1]):
+        raise ValueError(f"gates {tuple(a.shape)} and cell state {tuple(c.shape)} do not fit: need (N, 4H) and (N, H)")
+    N, H = c.shape
+    if (b is None) != (z is None):
+        raise ValueError("b and z come together (the gate sums) or not at all")
+    if b is not None and (b.shape != a.shape or z.dim() != 2 or z.shape[0] != N or z.shape[1] < 4 * H):
+        raise ValueError(f"b {tuple(b.shape)} and z {tuple(z.shape)} do not fit gates {tuple(a.shape)}")
+    if gate_logit is not None and (b is None or gate_logit.shape != (N, 1)):
+        raise ValueError(f"gate_logit must be (N={N}, 1) beside b and z, got {tuple(gate_logit.shape)}")
+    tensors = [t for t in (a, c, b, z, gate_logit) if t is not None]
+    if not _float32_cpu(*tensors):
+        raise ValueError("lstm_cell reads float32 CPU tensors")
+
+    def rows(t: Tensor | None) -> tuple[Tensor | None, int]:  # row-major rows of contiguous columns
+        if t is None:
+            return None, 0
+        t = t if t.stride(-1) == 1 or t.shape[1] == 1 else t.contiguous()
+        return t, t.stride(0)
+
+    (a, sa), (b, sb), (z, sz), (gate_logit, sg) = rows(a), rows(b), rows(z), rows(gate_logit)
+    c = c.contiguous()
+    E = 0 if z is None else z.shape[1] - 4 * H
+    h_out, c_out = c.new_empty(N, H), c.new_empty(N, H)
+    zl = c.new_empty(N, E) if E else None
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    _library().lstm_cell(a.data_ptr(), sa, ptr(b), sb, ptr(z), sz, ptr(gate_logit), sg, c.data_ptr(),
+                         h_out.data_ptr(), c_out.data_ptr(), ptr(zl), N, H, E, torch.get_num_threads())
+    return h_out, c_out, zl
 
 
 @functools.lru_cache(maxsize=4)

@@ -136,3 +136,47 @@ void row_best_log_probs(const float *x, const float *bias, int64_t N, int64_t V,
         for (int64_t j = 0; j < k; j++) val[j] -= lse;
     }
 }
+
+/* 3. The LSTM cell of a decoding step (ShowAttendTellDecoder._recur without autograd), one pass per row:
+
+       beta = sigmoid(gate_logit[n])   (1 without the gate: gate_logit NULL)
+       gates = a + b + beta z[:, :4H]  (or gates = a: b and z both NULL), blocks i, f, g, o of H each
+       c = sigmoid(f) c_prev + sigmoid(i) tanh(g),   h = sigmoid(o) tanh(c)
+       zl = beta z[:, 4H:4H+E]         (E > 0: the projected values' L_z z, for the deep output)
+
+   instead of about ten PyTorch ops that each write an (N, H)..(N, 4H + E) tensor. */
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static inline void cell(float gi, float gf, float gg, float go, float c_prev, float *h, float *c)
+{
+    const float cj = sigmoidf(gf) * c_prev + sigmoidf(gi) * tanhf(gg);
+    *c = cj;
+    *h = sigmoidf(go) * tanhf(cj);
+}
+
+void lstm_cell(const float *a, int64_t a_stride, const float *b, int64_t b_stride, const float *z, int64_t z_stride,
+               const float *gate_logit, int64_t g_stride, const float *c_prev, float *h_out, float *c_out,
+               float *zl_out, int64_t N, int64_t H, int64_t E, int threads)
+{
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *an = a + n * a_stride, *cn = c_prev + n * H;
+        float *hn = h_out + n * H, *cout = c_out + n * H;
+        if (!b) {
+            #pragma omp simd
+            for (int64_t j = 0; j < H; j++)
+                cell(an[j], an[H + j], an[2 * H + j], an[3 * H + j], cn[j], hn + j, cout + j);
+            continue;
+        }
+        const float beta = gate_logit ? sigmoidf(gate_logit[n * g_stride]) : 1.0f;
+        const float *bn = b + n * b_stride, *zn = z + n * z_stride;
+        #pragma omp simd
+        for (int64_t j = 0; j < H; j++)
+            cell((an[j] + bn[j]) + beta * zn[j], (an[H + j] + bn[H + j]) + beta * zn[H + j],
+                 (an[2 * H + j] + bn[2 * H + j]) + beta * zn[2 * H + j],
+                 (an[3 * H + j] + bn[3 * H + j]) + beta * zn[3 * H + j], cn[j], hn + j, cout + j);
+        #pragma omp simd
+        for (int64_t e = 0; e < E; e++)
+            zl_out[n * E + e] = beta * zn[4 * H + e];
+    }
+}

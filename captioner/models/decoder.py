@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from captioner import kernels
 from captioner.models.attention import SoftAttention, build_attention, resolve_mode
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
 from captioner.search import Logits
@@ -164,6 +165,11 @@ class ShowAttendTellDecoder(nn.Module):
             paper; a frozen encoder's 6,000 Flickr8k grids are otherwise memorised within a few epochs).
         pad_id: id of <pad> (its embedding stays zero).
     """
+
+    # Whether a step without autograd runs its LSTM cell (and, with projected values, the gate and the gate sums)
+    # as one fused C kernel (captioner/kernels, float32 on the CPU); the PyTorch code in _recur is the reference
+    # it is tested against (tests/test_kernels.py).
+    fused_cell = True
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
@@ -318,6 +324,10 @@ class ShowAttendTellDecoder(nn.Module):
         extra = {"projected_query": query} if weights.query_size else {}
         read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic, **extra)
         z = read.context  # (N, Z)
+        fused = self.fused_cell and kernels.lstm_cell_applies(word_gates, recurrent, z, c)
+        if projected and fused:  # all of the branch below and the cell in one pass (kernels.lstm_cell)
+            h, c, z = kernels.lstm_cell(word_gates, c, recurrent, z, gate_logit if self.gate is not None else None)
+            return h, c, z, read
         if self.gate is not None:
             z = torch.sigmoid(gate_logit) * z  # beta_t z_t, §4.2.1
         if projected:  # z is (N, 4H + E): [W_ih,z z; L_z z]
@@ -325,6 +335,9 @@ class ShowAttendTellDecoder(nn.Module):
             gates = (word_gates + recurrent).add_(z_gates)  # (N, 4H)
         else:
             gates = weights.context.addmm(word_gates + recurrent, z)  # (N, 4H), order i, f, g, o
+        if fused:
+            h, c, _ = kernels.lstm_cell(gates, c)
+            return h, c, z, read
         i, f, g, o = gates.chunk(4, dim=1)  # 4 x (N, H)
         c = torch.addcmul(torch.sigmoid(f) * c, torch.sigmoid(i), torch.tanh(g))  # (N, H)
         h = torch.sigmoid(o) * torch.tanh(c)  # (N, H)
