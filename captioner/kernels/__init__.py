@@ -128,10 +128,16 @@ def _float32_cpu(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
+def _serves(*tensors: Tensor) -> bool:
+    """Whether a kernel may stand in for the PyTorch ops on these tensors: float32 on the CPU, outside autocast,
+    kernels built."""
+    return _float32_cpu(*tensors) and not torch.is_autocast_enabled("cpu") and available()
+
+
 def additive_applies(q: Tensor, prepared: Tensor, v: Tensor) -> bool:
-    """Whether additive_scores serves these tensors: float32 on the CPU, outside autocast, kernels built."""
-    return (_float32_cpu(q, prepared, v) and prepared.dim() == 3 and q.dim() == 2 and prepared.shape[0] > 0 and prepared.shape[1] > 0
-            and not torch.is_autocast_enabled("cpu") and available())
+    """Whether additive_scores serves these tensors: non-empty keys (M, L, A), queries (N, A), and _serves."""
+    return (prepared.dim() == 3 and q.dim() == 2 and prepared.shape[0] > 0 and prepared.shape[1] > 0
+            and _serves(q, prepared, v))
 
 
 def _check(q: Tensor, prepared: Tensor, v: Tensor) -> tuple[Tensor, Tensor, int, int, int, int]:
@@ -214,10 +220,8 @@ def row_best_log_probs(logits: Tensor, k: int, banned: list[int], bias: Tensor |
 
 
 def lstm_cell_applies(*tensors: Tensor) -> bool:
-    """Whether lstm_cell serves a decoding step with these tensors: float32 on the CPU, no autograd recording,
-    outside autocast, kernels built."""
-    return (_float32_cpu(*tensors) and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and available())
+    """Whether lstm_cell serves a decoding step with these tensors: no autograd recording, and _serves."""
+    return not torch.is_grad_enabled() and _serves(*tensors)
 
 
 def lstm_cell(a: Tensor, c: Tensor, b: Tensor | None = None, z: Tensor | None = None,
