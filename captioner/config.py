@@ -24,6 +24,7 @@ import yaml
 # one edit it takes.
 from captioner.data.datasets import LOADERS, SPLITS
 from captioner.models.attention import ATTENTIONS, HARD_DECODING_MODES
+from captioner.losses import HARD_ESTIMATORS
 from captioner.optim import OPTIMIZERS
 from captioner.models.decoder import GATES
 from captioner.models.scorers import SCORERS
@@ -110,10 +111,13 @@ class ModelConfig:
 class HardConfig:
     """REINFORCE for hard attention (Xu et al. 2015, §4.1, Eq. 10-12)."""
 
+    estimator: str = "paper"  # paper (Eq. 10-12, moving-average baseline) | loo (samples per caption, losses.py)
     reinforce_weight: float = 1.0  # lambda_r
-    entropy_weight: float = 0.01  # lambda_e
-    baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * log p(y | s, a)
-    expectation_prob: float = 0.5  # per image, replace the sample by its expectation
+    entropy_weight: float = 0.01  # lambda_e (also the location policy's bonus under train.objective: scst)
+    baseline_decay: float = 0.9  # paper: b <- decay * b + (1 - decay) * log p(y | s, a)
+    expectation_prob: float = 0.5  # per caption, replace the sampled cells by the expectation
+    samples: int = 4  # loo: location paths sampled per caption (K)
+    reward_discount: float = 1.0  # loo: delta of the reward to go (1: unbiased)
 
 
 @dataclass
@@ -195,6 +199,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.objective": ("xe", "scst"),
     "train.tensorboard": ("auto", "on", "off"),
     "train.scst.baseline": ("mean", "greedy"),
+    "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
     "eval.split": SPLITS,
     "eval.attention_mode": HARD_DECODING_MODES,
@@ -216,7 +221,7 @@ NON_NEGATIVE = (
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "train.hard.baseline_decay",
-    "train.hard.expectation_prob", "train.lr_gamma",
+    "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
 )
 
 
@@ -304,6 +309,43 @@ def get_path(cfg: Any, path: str) -> Any:
     return cfg
 
 
+def unread_keys(cfg: Config) -> dict[str, str]:
+    """The train keys this run's objective would not read (path -> why), by the attention kind
+    (soft or hard), train.objective and train.hard.estimator: SCST's loss has no attention terms, only
+    hard attention has a location policy, and each estimator reads its own settings."""
+    hard = cfg.model.attention.attention == "hard"
+    hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
+    unread: dict[str, str] = {}
+    if cfg.train.objective == "scst":
+        for key in ("train.alpha_c", "train.alpha_entropy"):
+            unread[key] = "the SCST objective has no attention terms besides train.hard.entropy_weight"
+        for key in hard_keys:
+            if key != "train.hard.entropy_weight" or not hard:
+                unread[key] = ("SCST samples the cells with the words and only reads train.hard.entropy_weight"
+                               if hard else "only hard attention reads train.hard")
+        return unread
+    for f in dataclasses.fields(ScstConfig):
+        unread[f"train.scst.{f.name}"] = "only train.objective: scst reads train.scst"
+    if not hard:
+        unread.update({key: "only hard attention reads train.hard" for key in hard_keys})
+    elif cfg.train.hard.estimator == "paper":
+        for key in ("train.hard.samples", "train.hard.reward_discount"):
+            unread[key] = "only train.hard.estimator: loo reads it"
+    else:
+        unread["train.hard.baseline_decay"] = "the 'loo' estimator has no moving-average baseline"
+    return unread
+
+
+def check_read_keys(cfg: Config) -> None:
+    """A setting the run would ignore is refused, not accepted: any key of unread_keys whose value is
+    not the default."""
+    default = Config()
+    for key, why in unread_keys(cfg).items():
+        if get_path(cfg, key) != get_path(default, key):
+            raise ConfigError(f"{key}: set to {get_path(cfg, key)!r}, but this run would ignore it ({why}); "
+                              f"remove it from the config")
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks; errors name the key path and the offending value."""
     for path, choices in CHOICES.items():
@@ -322,6 +364,8 @@ def validate(cfg: Config) -> None:
         value = get_path(cfg, path)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
+    if cfg.train.hard.estimator == "loo" and cfg.train.hard.samples < 2:
+        raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
     if cfg.model.attention.attention == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
@@ -450,7 +494,9 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     for text in overrides:
         apply_override(data, text)
     try:
-        return config_from_dict(data)
+        cfg = config_from_dict(data)
+        check_read_keys(cfg)  # here, not in validate: a checkpoint's saved config still loads for decoding
+        return cfg
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from None
 

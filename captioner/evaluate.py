@@ -20,9 +20,9 @@ from tqdm import tqdm
 
 from captioner.api import load_captioner, reads_cached_grids
 from captioner.decode import decode_batches
-from captioner.models.attention import HARD_DECODING_MODES
-from captioner.metrics import (CocoInstanceRegions, attention_sharpness, caption_scores, cells_read,
-                               grounding_shares, resolve_tokenizer)
+from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
+from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_scores,
+                               cells_of, cells_read, grounding_shares, resolve_tokenizer)
 
 
 def coco_image_id(record) -> int | None:
@@ -116,6 +116,7 @@ def evaluate_model(
     grounding = _Grounding(records, model.grid_hw, instances)
     predictions: dict[str, str] = {}
     word_alphas: list = []
+    word_cells: list = []
     mode = model.decode_mode(attention_mode)
     max_length = model.max_length if max_length is None else max_length
     length_penalty = model.length_penalty if length_penalty is None else length_penalty
@@ -130,6 +131,7 @@ def evaluate_model(
             continue
         alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
         word_alphas.append(alphas)
+        word_cells.append(cells_of(alphas, best.locations))
         grounding.add(record, words, alphas, best.locations)
     bar.close()
     references = {r.image_id: list(r.raw) for r in records}
@@ -139,6 +141,7 @@ def evaluate_model(
         "scores": scores,
         "tokenizer": tokenizer,
         **attention_sharpness(word_alphas),
+        **attention_movement(word_cells),
         "grounding": grounding.mean,
         "grounding_words": len(grounding.shares),
         "grounding_words_images": grounding.images,
@@ -185,6 +188,12 @@ def format_table(result: dict, split: str) -> str:
                     f"uniform = {1 / result['locations']:.3f})")
         rows.append(f"{'alpha ent':<10} {result['alpha_entropy']:6.3f}  (mean normalised entropy H(alpha) / "
                     f"log L; uniform = 1)")
+    if result.get("cells_per_caption") is not None:
+        read = "the cell read" if result["attention_mode"] in ONE_CELL_MODES else "arg-max alpha's cell"
+        rows.append(f"{'cells':<10} {result['cells_per_caption']:6.2f}  (distinct grid cells per caption; {read})")
+        if result.get("cell_changes") is not None:
+            rows.append(f"{'moves':<10} {100 * result['cell_changes']:6.1f}  (% of consecutive words whose cell "
+                        f"changes)")
     return "\n".join(rows)
 
 

@@ -175,15 +175,20 @@ def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
     layer then runs fused with the loss (linear_token_nll). Anything else with logits and mask goes through
     real_token_logits.
     """
+    nll, rows = _real_token_nll_rows(output, targets)
+    return nll, torch.div(rows, targets.shape[1], rounding_mode="floor")
+
+
+def _real_token_nll_rows(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """real_token_nll with each value's flat index b * T + t into targets (B, T) instead of its caption."""
     features = getattr(output, "packed_features", None)
     if features is None:
-        logits, real_targets, caption = real_token_logits(output, targets)
-        return token_nll(logits, real_targets), caption
-    B, T = targets.shape
+        logits, real_targets, rows = _real_token_logits_rows(output, targets)
+        return token_nll(logits, real_targets), rows
     rows = output.rows  # (R,) flat indices b * T + t
     nll = linear_token_nll(features, output.output_weight, output.output_bias,
                            targets.reshape(-1).index_select(0, rows))
-    return nll, torch.div(rows, T, rounding_mode="floor")
+    return nll, rows
 
 
 def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -192,6 +197,11 @@ def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Ten
     Uses the decoder's packed logits (``DecoderOutput.packed_logits``, only real steps were ever computed)
     when the output has them; otherwise selects output.logits[output.mask].
     """
+    packed, real_targets, rows = _real_token_logits_rows(output, targets)
+    return packed, real_targets, torch.div(rows, targets.shape[1], rounding_mode="floor")
+
+
+def _real_token_logits_rows(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     B, T = targets.shape
     packed = getattr(output, "packed_logits", None)
     if packed is not None:
@@ -199,7 +209,7 @@ def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Ten
     else:
         rows = output.mask.reshape(-1).nonzero().squeeze(1)  # (R,)
         packed = output.logits.reshape(B * T, -1).index_select(0, rows)
-    return packed, targets.reshape(-1).index_select(0, rows), torch.div(rows, T, rounding_mode="floor")
+    return packed, targets.reshape(-1).index_select(0, rows), rows
 
 
 def masked_cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
@@ -305,6 +315,88 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
     )
 
 
+# How hard attention's location policy is trained under cross-entropy (train.hard.estimator): "paper" is
+# hard_attention_loss (Eq. 10-12), "loo" is loo_hard_attention_loss (K samples, leave-one-out baseline).
+HARD_ESTIMATORS = ("paper", "loo")
+
+
+def reward_to_go(rewards: Tensor, discount: float = 1.0) -> Tensor:
+    """G_t = Σ_{t' >= t} discount^(t'-t) r_t' along the last dim: rewards (..., T) -> (..., T)."""
+    T = rewards.shape[-1]
+    t = torch.arange(T, device=rewards.device)
+    ahead = (t.unsqueeze(1) - t.unsqueeze(0)).to(rewards.dtype)  # (T', T): t' - t
+    weights = torch.where(ahead >= 0, torch.tensor(discount, dtype=rewards.dtype).pow(ahead.clamp(min=0)),
+                          torch.zeros((), dtype=rewards.dtype))  # (T', T); 0^0 = 1 on the diagonal
+    return rewards @ weights
+
+
+def loo_hard_attention_loss(output: Any, targets: Tensor, samples: int, n_expectation: int = 0,
+                            reinforce_weight: float = 1.0, entropy_weight: float = 0.0, discount: float = 1.0,
+                            alpha_c: float = 0.0, alpha_entropy: float = 0.0) -> LossOutput:
+    """Hard attention with K location samples per caption and a leave-one-out, per-word baseline
+    (``train.hard.estimator: loo``; Kool et al. 2019, "Buy 4 REINFORCE samples, get a baseline for free").
+
+    Rows of ``output`` / ``targets``: the first ``n_expectation`` are captions read with the expected
+    context (the §4.1 trick, one row each); the rest are groups of ``samples`` = K consecutive copies of one
+    caption, each with its own sampled cells s^k. Per caption, with ℓ^k_t = log p(y_t | s^k_≤t, a):
+
+        loss = -(1/N) Σ_captions (1/K) Σ_k Σ_t [ ℓ^k_t + λ_r (G^k_t - b^k_t) log p(s^k_t | a) + λ_e H[α^k_t] ]
+        G^k_t = Σ_{t' >= t} δ^(t'-t) ℓ^k_t'         (the reward to go: s_t cannot change earlier words)
+        b^k_t = mean over the caption's other K-1 copies of G^j_t
+
+    (expectation rows: their ℓ_t and λ_e H once, no REINFORCE term). N counts each caption's words once.
+    b^k_t does not depend on s^k, so with δ = 1 and λ_r = 1 the gradient is an unbiased estimate of
+    -(1/N) ∂/∂W Σ_captions E_s[log p(y | s, a)], Eq. (10)'s bound, as the paper's estimator is
+    (tests/test_losses.py checks it by exact enumeration of every pair of location paths). Against the
+    paper's moving average of whole-caption rewards, the baseline removes what the copies share: the
+    caption's length and difficulty, the words before t, and the image. δ < 1 credits s_t mostly with the
+    words it helps predict next (lower variance, biased). alpha_c and alpha_entropy as hard_attention_loss.
+    """
+    if output.log_probs is None or output.entropies is None:
+        raise ValueError("loo_hard_attention_loss needs a decoder output from attention_mode='sample'")
+    K, E = samples, n_expectation
+    rows_total, T = targets.shape
+    if K < 2 or (rows_total - E) % K:
+        raise ValueError(f"loo_hard_attention_loss: {rows_total - E} sampled rows do not form groups of "
+                         f"samples={K} (>= 2) copies")
+    S = (rows_total - E) // K  # captions with sampled cells
+    mask = output.mask.to(torch.float32)  # (rows, T)
+    weight = torch.cat([mask.new_ones(E), mask.new_full((S * K,), 1.0 / K)])  # (rows,): each caption counts once
+    n_tokens = (mask.sum(dim=1) * weight).sum().clamp(min=1.0)
+    nll, flat = _real_token_nll_rows(output, targets)  # (R,), (R,) flat b * T + t
+    log_py = -nll  # (R,)
+    ll = log_py.new_zeros(rows_total * T).index_copy(0, flat, log_py.detach()).view(rows_total, T)  # (rows, T)
+    G = reward_to_go(ll[E:].view(S, K, T), discount)  # (S, K, T)
+    b = (G.sum(dim=1, keepdim=True) - G) / (K - 1)  # (S, K, T): the other copies' mean
+    m = mask[E:].view(S, K, T)
+    advantage = (G - b) * m  # (S, K, T)
+    log_ps = _at_least_float32(output.log_probs)[E:].view(S, K, T)
+    caption_weight = weight.index_select(0, torch.div(flat, T, rounding_mode="floor"))  # (R,)
+    data_term = -(log_py * caption_weight).sum() / n_tokens
+    reinforce = -reinforce_weight * (advantage * log_ps).sum() / K / n_tokens
+    entropy = (_at_least_float32(output.entropies) * mask * weight.unsqueeze(1)).sum()
+    entropy_term = -entropy_weight * entropy / n_tokens
+    coverage = (_at_least_float32(output.alphas) * mask.unsqueeze(-1)).sum(dim=1)  # (rows, L)
+    penalty = ((1.0 - coverage) ** 2).sum(dim=1)  # (rows,) Eq. (14)'s per-caption term
+    L = output.alphas.shape[-1]
+    a = _at_least_float32(output.alphas)
+    h = -(a * torch.log(a.clamp(min=1e-12))).sum(-1) / math.log(max(L, 2))  # (rows, T)
+    mw = mask * weight.unsqueeze(1)
+    sharpness = (h * mw).sum() / mw.sum().clamp(min=1.0)
+    loss = (data_term + reinforce + entropy_term + alpha_c * (penalty * weight).sum() / n_tokens
+            + alpha_entropy * sharpness)
+    sampled_reward = ll[E:].sum(dim=1)  # (S*K,) log p(y | s, a) per sampled copy
+    return LossOutput(loss=loss, parts={
+        "xe": data_term.detach(),
+        "alpha_penalty": ((penalty * weight).sum() / weight.sum()).detach(),
+        "alpha_entropy": sharpness.detach(),
+        "reinforce": reinforce.detach(),
+        "entropy": (entropy / n_tokens).detach(),
+        "reward": sampled_reward.mean() if S else sampled_reward.new_zeros(()),
+        "advantage_abs": advantage.abs().sum() / m.sum().clamp(min=1.0),
+    })
+
+
 def update_baseline(baseline: float | None, batch_mean_reward: float, decay: float = 0.9) -> float:
     """Eq. (12)'s moving average: b <- decay·b + (1 - decay)·mean R; the first batch sets b outright
     (starting at 0 would make the early REINFORCE terms huge: R is a sum of log-probabilities)."""
@@ -331,20 +423,31 @@ def scst_baseline(rewards: Tensor, kind: str = "mean", greedy_rewards: Tensor | 
     raise ValueError(f"unknown SCST baseline {kind!r}; valid: {', '.join(SCST_BASELINES)}")
 
 
-def scst_loss(sample: Any, rewards: Tensor, baselines: Tensor) -> LossOutput:
+def scst_loss(sample: Any, rewards: Tensor, baselines: Tensor, entropy_weight: float = 0.0) -> LossOutput:
     """Self-critical REINFORCE on whole captions (module docstring).
 
     sample: a decoder SampleOutput of N = B·k rows (word and, for hard attention, location
         log-probabilities, 0 after each caption's end); rewards and baselines: (N,), detached.
+    entropy_weight: λ_e, hard attention's entropy bonus on the location policy (Eq. 12's term, here
+        -λ_e times the mean of H[α_t] over the sampled words; the model would otherwise sharpen α
+        until every sample reads the same cell). Needs ``sample.location_entropies`` when nonzero.
     """
     advantage = (rewards - baselines).detach().float()  # (N,)
     log_p = sample.word_log_probs.sum(dim=1)  # (N,)
     if sample.location_log_probs is not None:
         log_p = log_p + sample.location_log_probs.sum(dim=1)
     loss = -(advantage * log_p).mean()
-    return LossOutput(loss=loss, parts={
+    parts = {
         "reward": rewards.float().mean().detach(),
         "baseline": baselines.float().mean().detach(),
         "advantage_abs": advantage.abs().mean(),
         "sample_length": sample.lengths.float().mean(),
-    })
+    }
+    entropies = getattr(sample, "location_entropies", None)
+    if entropy_weight:
+        if entropies is None:
+            raise ValueError("scst_loss: an entropy bonus needs the location entropies of hard attention")
+        entropy = entropies.sum() / sample.lengths.float().sum().clamp(min=1.0)  # per sampled word
+        loss = loss - entropy_weight * entropy
+        parts["entropy"] = entropy.detach()
+    return LossOutput(loss=loss, parts=parts)

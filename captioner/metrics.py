@@ -420,3 +420,29 @@ def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
         return {"alpha_max": None, "alpha_entropy": None, "locations": L}
     return {"alpha_max": float(np.concatenate(maxima).mean()),
             "alpha_entropy": float(np.concatenate(entropies).mean()), "locations": L}
+
+
+def cells_of(alphas: Any, locations: Sequence[int] | None = None) -> np.ndarray:
+    """The grid cell each word read: ``locations`` when the decode read one cell per word (hard attention's
+    argmax/sample modes), else the arg-max of each word's α (soft attention, expectation decoding).
+    alphas (n_words, L) -> (n_words,) ints."""
+    if locations is not None:
+        return np.asarray(locations, dtype=np.int64)[: _as_numpy(alphas).shape[0]]
+    return _as_numpy(alphas).argmax(axis=1).astype(np.int64)
+
+
+def attention_movement(cells: Iterable[Sequence[int]]) -> dict[str, float | None]:
+    """Whether attention moves from word to word (a collapsed model reads one cell for every word):
+    ``cells_per_caption`` is the mean number of distinct cells a caption's words read, and ``cell_changes``
+    the share of consecutive word pairs, over all captions, whose cell differs. ``cells`` yields each
+    caption's cell per word (cells_of). Both None when there are no words (cell_changes also without pairs)."""
+    distinct, changes, pairs = [], 0, 0
+    for c in cells:
+        c = np.asarray(c, dtype=np.int64)
+        if c.size == 0:
+            continue
+        distinct.append(len(np.unique(c)))
+        changes += int((c[1:] != c[:-1]).sum())
+        pairs += c.size - 1
+    return {"cells_per_caption": float(np.mean(distinct)) if distinct else None,
+            "cell_changes": changes / pairs if pairs else None}

@@ -51,6 +51,8 @@ class SelfCritical:
         self.sample_mode = "sample" if model.decoder.stochastic else "soft"
         self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
         self.greedy_images = s.greedy_images
+        # the location policy's entropy bonus (hard attention only; config.check_read_keys refuses it for soft)
+        self.entropy_weight = cfg.train.hard.entropy_weight if model.decoder.stochastic else 0.0
 
     def rewards(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """CIDEr-D of sampled rows tokens (N, T) with lengths (N,) (an <end> included when sampled)
@@ -73,7 +75,7 @@ class SelfCritical:
         if self.baseline == "greedy":
             greedy = self.greedy_rewards(model, batch.inputs, batch.indices)
         baselines = scst_baseline(rewards.view(-1, k), self.baseline, greedy).reshape(-1)
-        res = scst_loss(out, rewards, baselines)
+        res = scst_loss(out, rewards, baselines, entropy_weight=self.entropy_weight)
         if greedy is not None:
             res.parts["greedy_reward"] = greedy.mean()
         return res

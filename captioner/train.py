@@ -49,8 +49,8 @@ from captioner.distributed import (TrainingError, barrier, broadcast_flag, gathe
                                    seed_everything, set_rng_state, setup_distributed)
 from captioner.decode import decode_batches
 from captioner.train_data import epoch_loader, load_split_records, make_datasets
-from captioner.losses import (LossOutput, hard_attention_loss, sequence_cross_entropy, soft_attention_loss,
-                              update_baseline)
+from captioner.losses import (LossOutput, hard_attention_loss, loo_hard_attention_loss, sequence_cross_entropy,
+                              soft_attention_loss, update_baseline)
 from captioner.optim import OPTIMIZERS, build_optimizer
 from captioner.runtime import keep_freed_memory
 
@@ -77,10 +77,13 @@ class _TrainForward(nn.Module):
 
     def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
                 attention_mode: str = "soft", expectation_mask: torch.Tensor | None = None,
-                sample: dict | None = None):
+                sample: dict | None = None, rows: torch.Tensor | None = None):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
-        drawn from the model with their log-probabilities (SCST)."""
+        drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
+        reads (several captions may read one image's grid, encoded once)."""
         grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
+        if rows is not None:
+            grid = grid.index_select(0, rows)  # (N, L, D)
         if sample is not None:
             return self.model.decoder.sample(grid, **sample)
         return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
@@ -100,6 +103,17 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
     B = batch.captions.shape[0]
     expectation = torch.rand(B) < h.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
     expectation = expectation.to(batch.captions.device)
+    if h.estimator == "loo":  # expectation captions once, then K consecutive copies of each sampled one
+        E = int(expectation.sum())
+        index = torch.cat([expectation.nonzero().squeeze(1),
+                           (~expectation).nonzero().squeeze(1).repeat_interleave(h.samples)])  # (E + S*K,)
+        read_expectation = torch.arange(index.shape[0], device=index.device) < E
+        out = forward(batch.inputs, batch.captions.index_select(0, index), batch.lengths.index_select(0, index),
+                      attention_mode="sample", expectation_mask=read_expectation, rows=index)
+        return loo_hard_attention_loss(out, targets.index_select(0, index), samples=h.samples, n_expectation=E,
+                                       reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
+                                       discount=h.reward_discount, alpha_c=cfg.train.alpha_c,
+                                       alpha_entropy=cfg.train.alpha_entropy)
     out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="sample", expectation_mask=expectation)
     return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
                                reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
@@ -191,6 +205,8 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
 def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
     """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
+    from captioner.metrics import attention_movement, attention_sharpness, cells_of, resolve_tokenizer
+
     was_training = model.training
     model.eval()
     mode = model.decode_mode(cfg.eval.attention_mode)
@@ -210,22 +226,21 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        predictions, word_alphas = {}, []
+        predictions, word_alphas, word_cells = {}, [], []
         for record, best, words in decode_batches(model, batches(), beam_size=1, attention_mode=mode, autocast=amp):
             predictions[record.image_id] = " ".join(words)
             if best.alphas is not None:
                 word_alphas.append(best.alphas[: len(words)].float().cpu())  # (n_words, L)
+                word_cells.append(cells_of(word_alphas[-1], best.locations))  # (n_words,)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
     finally:
         model.train(was_training)
-    from captioner.metrics import attention_sharpness, resolve_tokenizer
-
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
     result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
     sharp = attention_sharpness(word_alphas)
     result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
-                   "tokenizer": resolve_tokenizer("auto")})
+                   **attention_movement(word_cells), "tokenizer": resolve_tokenizer("auto")})
     return result
 
 
@@ -623,6 +638,7 @@ def _summary(entry: dict, metric: str, improved: bool) -> str:
 
     return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
             f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  max alpha {fmt('alpha_max')}  "
+            f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
             f"({entry['time_s']:.0f}s)"
             + (f"  best {metric}" if improved else ""))
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from captioner.config import (
-    Config, ConfigError, config_from_dict, config_to_dict, load_config, parse_override, save_config,
+    Config, ConfigError, config_from_dict, config_to_dict, get_path, load_config, parse_override, save_config,
 )
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -167,3 +167,48 @@ def test_choices_are_the_model_code_tables():
     from captioner.data.datasets import LOADERS
 
     assert set(CHOICES["data.format"]) == set(LOADERS)
+
+
+# Every key an objective does not read, by (attention, objective, estimator): set to a non-default value,
+# each is refused with its name; the keys that are read load.
+_RUNS = {
+    "soft xe": ["model.attention.attention=soft"],
+    "hard xe paper": ["model.attention.attention=hard", "train.hard.estimator=paper"],
+    "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
+    "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
+    "hard scst": ["model.attention.attention=hard", "train.objective=scst"],
+}
+_NON_DEFAULT = {
+    "train.alpha_c": "0.5", "train.alpha_entropy": "0.5", "train.hard.estimator": "loo",
+    "train.hard.reinforce_weight": "0.5", "train.hard.entropy_weight": "0.5", "train.hard.baseline_decay": "0.5",
+    "train.hard.expectation_prob": "0.25", "train.hard.samples": "3", "train.hard.reward_discount": "0.5",
+    "train.scst.samples": "3", "train.scst.baseline": "greedy", "train.scst.reward_end": "false",
+    "train.scst.max_length": "9", "train.scst.forbid_unk": "false", "train.scst.greedy_images": "7",
+}
+_READ = {
+    "soft xe": {"train.alpha_c", "train.alpha_entropy"},
+    "hard xe paper": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
+                      "train.hard.entropy_weight", "train.hard.baseline_decay", "train.hard.expectation_prob"},
+    "hard xe loo": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
+                    "train.hard.entropy_weight", "train.hard.expectation_prob", "train.hard.samples",
+                    "train.hard.reward_discount"},
+    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
+    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} | {"train.hard.entropy_weight"},
+}
+
+
+@pytest.mark.parametrize("run", list(_RUNS))
+def test_a_key_the_objective_does_not_read_is_refused(run):
+    for key, value in _NON_DEFAULT.items():
+        overrides = [*_RUNS[run], f"{key}={value}"]
+        if key == "train.hard.estimator":  # the estimator itself: read by hard cross-entropy only
+            overrides = [o for o in overrides if not o.startswith("train.hard.estimator")] + [f"{key}={value}"]
+        if key in _READ[run]:
+            assert get_path(load_config(None, overrides), key) is not None
+        else:
+            with pytest.raises(ConfigError, match=f"{key}: set to .*would ignore it"):
+                load_config(None, overrides)
+    # The defaults are never refused; a checkpoint's saved config is read for decoding, not refused.
+    saved = config_to_dict(load_config(None, _RUNS[run]))
+    saved["train"]["hard"]["samples"] = 9  # read by no run here but hard xe loo
+    assert config_from_dict(saved).train.hard.samples == 9

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.losses import (doubly_stochastic_penalty, hard_attention_loss, masked_cross_entropy,
-                              soft_attention_loss, update_baseline)
+from captioner.losses import (doubly_stochastic_penalty, hard_attention_loss, loo_hard_attention_loss,
+                              masked_cross_entropy, reward_to_go, soft_attention_loss, update_baseline)
 
 
 def _output(B=3, T=4, V=5, L=6, seed=0, hard=False):
@@ -171,6 +171,86 @@ def test_reinforce_gradient_matches_enumeration(baseline):
     biased = _sampled_gradients(params, baseline, reinforce_weight=0.0)
     se = per_sample["w1"].std(0) / per_sample["w1"].shape[0] ** 0.5
     assert torch.any((biased["w1"].mean(0) - exact["w1"]).abs() > 5 * se)
+
+
+def _tiny_output(rep, s1, s2):
+    """A DecoderOutput-like namespace for the tiny model on location paths (s1, s2)."""
+    logits, alphas = _tiny_forward(rep, s1, s2)
+    s = torch.stack([s1, s2], 1)  # (N, 2)
+    log_ps = torch.log(alphas.gather(2, s.unsqueeze(-1)).squeeze(-1))  # (N, 2)
+    entropies = -(alphas * alphas.log()).sum(-1)
+    return SimpleNamespace(logits=logits, alphas=alphas, log_probs=log_ps, entropies=entropies,
+                           mask=torch.ones(s1.shape[0], 2, dtype=torch.bool))
+
+
+def _loo_expected_gradient(params, samples, reinforce_weight=1.0, discount=1.0):
+    """E over every K-tuple of location paths (exact, by enumeration) of the gradient that
+    loo_hard_attention_loss gives one caption: Σ_tuples p(tuple) ĝ(tuple)."""
+    paths = list(itertools.product(range(L_LOC), repeat=2))  # the 9 paths (s1, s2)
+    tuples = torch.tensor(list(itertools.product(range(len(paths)), repeat=samples)))  # (9^K, K)
+    path = torch.tensor(paths)[tuples.reshape(-1)]  # (9^K * K, 2): K consecutive rows per tuple
+    n = path.shape[0]
+    rep = {k: v.unsqueeze(0).repeat(n, *[1] * v.dim()).requires_grad_() for k, v in params.items()}
+    out = _tiny_output(rep, path[:, 0], path[:, 1])
+    targets = torch.tensor(TARGET).expand(n, 2)
+    res = loo_hard_attention_loss(out, targets, samples=samples, reinforce_weight=reinforce_weight,
+                                  discount=discount)
+    res.loss.backward()
+    with torch.no_grad():
+        p_s = out.alphas.gather(2, path.unsqueeze(-1)).squeeze(-1).prod(1)  # (n,) p(path) per row
+        p_tuple = p_s.view(-1, samples).prod(1)  # (9^K,)
+    n_tokens = 2 * tuples.shape[0]  # each caption's words counted once
+    # loss = -(1/N) Σ_tuples ĝ-surrogate; tuple i only touches its K rows of the replicated params.
+    return {k: (-n_tokens * v.grad).view(-1, samples, *v.shape[1:]).sum(1).mul(
+        p_tuple.view(-1, *[1] * (v.dim() - 1))).sum(0) for k, v in rep.items()}
+
+
+@pytest.mark.parametrize("samples", [2, 3])
+def test_loo_gradient_equals_exact_gradient_by_enumeration(samples):
+    """The leave-one-out estimator, averaged exactly over every K-tuple of location paths, is the exact
+    gradient of Σ_s p(s|a) log p(y|s,a): unbiased, with no Monte Carlo error to allow for."""
+    params = _tiny_params()
+    exact = _exact_gradient(params)
+    expected = _loo_expected_gradient(params, samples)
+    for k in params:
+        assert torch.allclose(expected[k], exact[k], atol=1e-5), (k, expected[k], exact[k])
+    # Teeth: without its REINFORCE term, or crediting s_1 only with the next word (δ = 0), it is biased.
+    for biased in (_loo_expected_gradient(params, samples, reinforce_weight=0.0),
+                   _loo_expected_gradient(params, samples, discount=0.0)):
+        assert (biased["w1"] - exact["w1"]).abs().max() > 1e-3
+
+
+def test_reward_to_go_discounts_later_words():
+    r = torch.tensor([[1.0, 2.0, 4.0]])
+    assert reward_to_go(r).tolist() == [[7.0, 6.0, 4.0]]
+    assert reward_to_go(r, 0.5).tolist() == [[1 + 1 + 1, 2 + 2, 4.0]]
+    assert reward_to_go(r, 0.0).tolist() == [[1.0, 2.0, 4.0]]
+
+
+def test_loo_loss_expectation_rows_and_per_word_baseline():
+    """Expectation rows add their words' NLL once and no REINFORCE term; a sampled copy's location
+    gradient at step t is -(G_t - mean of the other copies' G_t) / (K N)."""
+    g = torch.Generator().manual_seed(3)
+    K, T, V = 2, 3, 4
+    rows = 1 + K  # one expectation caption, one sampled caption in K copies
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
+    logits = torch.randn(rows, T, V, generator=g, requires_grad=True)
+    log_probs = (-torch.rand(rows, T, generator=g)).requires_grad_()
+    out = SimpleNamespace(logits=logits, alphas=torch.softmax(torch.randn(rows, T, 5, generator=g), -1),
+                          mask=mask, log_probs=log_probs, entropies=torch.rand(rows, T, generator=g))
+    targets = torch.randint(0, V, (rows, T), generator=g)
+    res = loo_hard_attention_loss(out, targets, samples=K, n_expectation=1)
+    res.loss.backward()
+    ll = F.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).detach() * mask
+    n = 2 + 3  # the expectation caption's 2 words + the sampled caption's 3, once
+    nll = -(ll[0].sum() + ll[1:].sum() / K)
+    assert res.parts["xe"].item() == pytest.approx(nll.item() / n, rel=1e-5)
+    G = reward_to_go(ll[1:])  # (K, T)
+    expected = -(G - G.flip(0)) / (K * n)  # with K = 2 the other copy is the baseline
+    assert torch.allclose(log_probs.grad[1:], expected, atol=1e-6)
+    assert log_probs.grad[0].abs().max() == 0
+    with pytest.raises(ValueError, match="groups of samples=2"):
+        loo_hard_attention_loss(out, targets, samples=K, n_expectation=0)
 
 
 def test_attention_entropy_term_is_normalised_and_weighted():

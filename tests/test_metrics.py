@@ -229,3 +229,22 @@ def test_attention_sharpness_of_uniform_and_one_hot_attention():
     s = metrics.attention_sharpness([uniform, torch.from_numpy(one_hot), np.zeros((0, L))])
     assert s["alpha_max"] == pytest.approx((5 / L + 3) / 8)
     assert metrics.attention_sharpness([])["alpha_max"] is None
+
+
+def test_attention_movement_on_crafted_alphas():
+    """A collapsed model (one cell for every word) against one that moves: distinct cells per caption and
+    the share of consecutive words whose cell changes, pooled over captions."""
+    L = 49
+    collapsed = np.full((5, L), 0.1 / (L - 1))
+    collapsed[:, 7] = 0.9  # every word's arg-max is cell 7
+    moving = np.eye(L)[[3, 3, 10, 20, 10]]  # cells 3, 3, 10, 20, 10
+    cells = [metrics.cells_of(collapsed), metrics.cells_of(moving)]
+    assert cells[0].tolist() == [7] * 5 and cells[1].tolist() == [3, 3, 10, 20, 10]
+    got = metrics.attention_movement(cells)
+    assert got["cells_per_caption"] == pytest.approx((1 + 3) / 2)
+    assert got["cell_changes"] == pytest.approx((0 + 3) / (4 + 4))
+    # One-cell decoding reports the cells it read, not α's arg-max (a sampled cell may differ from it).
+    assert metrics.cells_of(collapsed, locations=[1, 2, 2, 2, 2, 9]).tolist() == [1, 2, 2, 2, 2]
+    # One-word captions have no pairs; no words at all gives no figures.
+    assert metrics.attention_movement([[4]]) == {"cells_per_caption": 1.0, "cell_changes": None}
+    assert metrics.attention_movement([]) == {"cells_per_caption": None, "cell_changes": None}

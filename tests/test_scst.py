@@ -142,3 +142,26 @@ def test_baselines():
         scst_baseline(r[:, :1], "mean")
     with pytest.raises(ValueError, match="unknown"):
         scst_baseline(r, "median")
+
+
+def test_hard_scst_gives_the_location_policy_its_entropy_bonus():
+    """Under SCST the hard model's cells get λ_e's bonus: -λ_e times the mean of H[α_t] over sampled words,
+    with a gradient that raises α's entropy; soft samples carry no location entropies."""
+    dec = _decoder("hard")
+    grid = torch.randn(2, CELLS, 3, dtype=torch.float64)
+    out = dec.sample(grid, 4, START, END, max_length=3)
+    H = out.location_entropies  # (N, T)
+    assert H.shape == out.word_log_probs.shape and H.requires_grad
+    ran = torch.arange(H.shape[1]).unsqueeze(0) < out.lengths.unsqueeze(1)
+    assert (H[~ran] == 0).all() and (H[ran] > 0).all()
+    rewards, baselines = torch.rand(8, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
+    plain = scst_loss(out, rewards, baselines)
+    bonus = scst_loss(out, rewards, baselines, entropy_weight=0.5)
+    mean_h = H.sum() / out.lengths.sum()
+    assert bonus.loss.item() == pytest.approx(plain.loss.item() - 0.5 * mean_h.item())
+    assert bonus.parts["entropy"].item() == pytest.approx(mean_h.item())
+    assert dec.sample(grid, 2, START, END, max_length=3).location_entropies is not None
+    assert _decoder("soft").sample(grid, 2, START, END, max_length=3).location_entropies is None
+    with pytest.raises(ValueError, match="entropy bonus"):
+        scst_loss(_decoder("soft").sample(grid, 2, START, END, max_length=3), rewards[:4], baselines[:4],
+                  entropy_weight=0.5)

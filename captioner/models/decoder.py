@@ -138,6 +138,7 @@ class SampleOutput:
     location_log_probs: (N, T) log p(s_t | a) of the attended cells (hard attention, "sample"/"argmax"),
         0 after the end; else None.
     alphas: (N, T, L) attention maps (detached).
+    location_entropies: (N, T) H[alpha_t] (hard attention; differentiable, 0 after the end), else None.
     """
 
     tokens: Tensor
@@ -145,6 +146,7 @@ class SampleOutput:
     word_log_probs: Tensor
     location_log_probs: Tensor | None
     alphas: Tensor
+    location_entropies: Tensor | None = None
 
 
 class ShowAttendTellDecoder(nn.Module):
@@ -466,7 +468,7 @@ class ShowAttendTellDecoder(nn.Module):
         N = h.shape[0]
         tokens = torch.full((N,), start_id, dtype=torch.long, device=grid.device)
         running = torch.ones(N, dtype=torch.bool, device=grid.device)
-        words, word_lp, loc_lp, alphas = [], [], [], []
+        words, word_lp, loc_lp, alphas, loc_h = [], [], [], [], []
         step_weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(tokens)  # (N, E)
@@ -483,6 +485,8 @@ class ShowAttendTellDecoder(nn.Module):
             word_lp.append(log_p.gather(1, tokens.unsqueeze(1)).squeeze(1) * live)
             if read.log_prob is not None:
                 loc_lp.append(read.log_prob.float() * live)
+            if read.entropy is not None:
+                loc_h.append(read.entropy.float() * live)
             alphas.append(read.alpha.detach() * live.unsqueeze(1))
             words.append(tokens.masked_fill(~running, self.pad_id))
             running = running & (tokens != end_id)
@@ -492,7 +496,8 @@ class ShowAttendTellDecoder(nn.Module):
         lengths = (tokens_out != self.pad_id).sum(dim=1)  # (N,): <pad> is never drawn
         return SampleOutput(tokens=tokens_out, lengths=lengths, word_log_probs=torch.stack(word_lp, dim=1),
                             location_log_probs=torch.stack(loc_lp, dim=1) if loc_lp else None,
-                            alphas=torch.stack(alphas, dim=1))
+                            alphas=torch.stack(alphas, dim=1),
+                            location_entropies=torch.stack(loc_h, dim=1) if loc_h else None)
 
     def step(self, tokens: Tensor, state: tuple[Tensor, ...], attention_mode: str = "soft"
              ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
