@@ -56,8 +56,10 @@ class ImageCaptioner(Captioner):
         n_best: int = 1,
         length_penalty: float | None = None,
         forbid_unk: bool = True,
+        block_trigrams: bool | None = None,
     ) -> list[dict]:
-        """Caption PIL images or image paths (``forbid_unk``: no <unk> in the captions, the default here).
+        """Caption PIL images or image paths (``forbid_unk``: no <unk> in the captions, the default here;
+        ``block_trigrams``: no trigram twice in a caption, default the config's ``eval.block_trigrams``).
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
         ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
@@ -76,7 +78,8 @@ class ImageCaptioner(Captioner):
             grid = self.encode(batch)  # (B, L, D)
             mode = self.decode_mode(attention_mode)
             hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
-                                 n_best=n_best, length_penalty=length_penalty, forbid_unk=forbid_unk)
+                                 n_best=n_best, length_penalty=length_penalty, forbid_unk=forbid_unk,
+                                 block_trigrams=block_trigrams)
         finally:
             self.train(was_training)
         return [self._result(per_image, grid.size(1), mode) for per_image in hyps]
@@ -159,7 +162,7 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
     )
     return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=att.attention,
                           attention_mode=cfg.eval.attention_mode, max_length=decode_max_length(cfg),
-                          length_penalty=cfg.eval.length_penalty)
+                          length_penalty=cfg.eval.length_penalty, block_trigrams=cfg.eval.block_trigrams)
 
 
 def load_captioner(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:

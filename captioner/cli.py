@@ -99,6 +99,8 @@ def _caption_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
     parser.add_argument("--allow-unk", action="store_true",
                         help="let captions contain <unk> (by default the search never chooses it)")
+    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
+                        help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
     parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy)")
     parser.add_argument("--n-best", type=int, default=1, help="captions to print per image")
     parser.add_argument("--max-length", type=int, default=None,
@@ -166,7 +168,7 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
         outputs = model.caption(
             images, beam=args.beam, n_best=args.n_best, max_length=args.max_length,
             length_penalty=args.length_penalty,
-            attention_mode=args.attention_mode, forbid_unk=not args.allow_unk,
+            attention_mode=args.attention_mode, forbid_unk=not args.allow_unk, block_trigrams=args.block_trigrams,
         )
         for path, image, out in zip(batch_paths, images, outputs):
             record = {"image": str(path), **{k: v for k, v in out.items() if k != "alphas"}}

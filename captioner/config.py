@@ -171,6 +171,7 @@ class EvalConfig:
     beam_size: int = 3
     max_length: int = 0  # most words per decoded caption; 0 = data.max_length (what training saw)
     length_penalty: float = 1.0  # beam ranking: score / length ** length_penalty (every decode reads it)
+    block_trigrams: bool = False  # no word that would repeat a trigram of its caption (every decode reads it)
     attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
     batch_size: int = 32
 

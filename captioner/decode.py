@@ -18,19 +18,21 @@ def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], beam
                    max_length: int | None = None, attention_mode: str | None = None,
                    autocast: Callable[[], ContextManager] = nullcontext,
                    length_penalty: float | None = None,
-                   forbid_unk: bool = False) -> Iterator[tuple[Any, Any, list[str]]]:
+                   forbid_unk: bool = False,
+                   block_trigrams: bool | None = None) -> Iterator[tuple[Any, Any, list[str]]]:
     """Decode (records, grid (B, L, D)) batches with an ``api.ImageCaptioner``: yields (record, best
     hypothesis, words) per image.
 
     ``autocast`` wraps each batch's search (training passes its AMP context). ``max_length`` /
-    ``length_penalty`` default to the model's (its config's ``eval`` section). ``forbid_unk`` keeps
-    <unk> out of the search (off by default: scores then match training's).
+    ``length_penalty`` / ``block_trigrams`` default to the model's (its config's ``eval`` section).
+    ``forbid_unk`` keeps <unk> out of the search (off by default: scores then match training's).
     """
     mode = model.decode_mode(attention_mode)
     for records, grid in batches:
         with autocast():
             hyps = model.generate(grid, beam_size=beam_size, max_length=max_length, attention_mode=mode,
-                                  length_penalty=length_penalty, forbid_unk=forbid_unk)
+                                  length_penalty=length_penalty, forbid_unk=forbid_unk,
+                                  block_trigrams=block_trigrams)
         for record, per_image in zip(records, hyps):
             best = per_image[0]
             yield record, best, model.words(best)

@@ -102,6 +102,7 @@ def evaluate_model(
     progress: bool = True,
     instances: str | None = None,
     forbid_unk: bool = False,
+    block_trigrams: bool | None = None,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
@@ -110,7 +111,7 @@ def evaluate_model(
     metric is unavailable), ``grounding`` (averaged over referring words; None when no record has
     object regions), the attention's sharpness (``alpha_max``, ``alpha_entropy``: see
     metrics.attention_sharpness), the ``predictions`` per image id, the tokenizer the scores used
-    and the decoding settings.
+    and the decoding settings (``block_trigrams`` defaults to the model's, its config's eval section).
     """
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
@@ -120,12 +121,13 @@ def evaluate_model(
     mode = model.decode_mode(attention_mode)
     max_length = model.max_length if max_length is None else max_length
     length_penalty = model.length_penalty if length_penalty is None else length_penalty
+    block_trigrams = model.block_trigrams if block_trigrams is None else block_trigrams
     tokenizer = resolve_tokenizer(tokenizer)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
     for record, best, words in decode_batches(model, _grid_batches(model, records, batch_size, cache, bar),
                                               beam_size, max_length, mode, length_penalty=length_penalty,
-                                              forbid_unk=forbid_unk):
+                                              forbid_unk=forbid_unk, block_trigrams=block_trigrams):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
@@ -151,6 +153,7 @@ def evaluate_model(
         "max_length": max_length,
         "length_penalty": length_penalty,
         "forbid_unk": forbid_unk,
+        "block_trigrams": block_trigrams,
         "attention_mode": mode,
         "predictions": predictions,
     }
@@ -172,7 +175,8 @@ def format_table(result: dict, split: str) -> str:
     head = (f"split={split}  images={result['n_images']}  beam={result['beam_size']}  "
             f"length_penalty={result['length_penalty']:g}  max_length={result['max_length']}  "
             f"decoding={result['attention_mode']}  grids from {result['grids']}"
-            + ("  <unk> forbidden" if result.get("forbid_unk") else ""))
+            + ("  <unk> forbidden" if result.get("forbid_unk") else "")
+            + ("  repeated trigrams blocked" if result.get("block_trigrams") else ""))
     rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
                                                          if result["tokenizer"] == "ptb" else
                                                          "  (no Java: not PTB, scores differ slightly "
@@ -203,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="checkpoint file, run directory or shipped model name (e.g. flickr8k)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
+    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
+                        help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
     parser.add_argument("--split", default=None, choices=("train", "val", "test"),
                         help="default: the checkpoint's eval.split")
     parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
@@ -254,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
                             meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
-                            forbid_unk=args.forbid_unk)
+                            forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams)
     result["split"] = split
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

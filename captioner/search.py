@@ -15,6 +15,10 @@ Conventions shared by all three searches:
 - `min_length` sets log p(<end>) to -inf until that many words exist; with
   `min_length == max_length` every run makes exactly `max_length` calls (for benchmarks).
   `forbid_ids` (e.g. <pad>, <start>, <unk>) are never chosen: their log-prob is set to -inf.
+- `block_trigrams` (off by default) bans, per hypothesis, every word that would complete a trigram
+  the hypothesis already holds (summarisation decoders' "no_repeat_ngram_size=3": after words
+  ... a b, each earlier "a b x" bans x). <end> is never banned this way, so a hypothesis whose
+  every other word is banned still ends. Banned words count in the normaliser, as forbid_ids do.
 - `score` is the sum of the model's log-probabilities of the words and, when finished, of
   <end> (untempered, unmasked by top-k, so it is comparable across searches).
 - `norm_score = score / length ** length_penalty`, `length = len(tokens) + finished` (the
@@ -110,10 +114,12 @@ class Logits:
         """The (N, V) float32 log-probabilities."""
         return torch.log_softmax(self._with_bias(), dim=1)
 
-    def best(self, k: int, banned: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
-        """(log-probs (N, k), word ids (N, k)) of each row's k most probable words other than ``banned``.
-        Banned words still count in the normaliser, as when dense log-probs are masked after the
-        log-softmax. Overwrites the logits (call once)."""
+    def best(self, k: int, banned: Sequence[int] = (), row_bans: "_RowBans | None" = None) -> tuple[Tensor, Tensor]:
+        """(log-probs (N, k), word ids (N, k)) of each row's k most probable words other than ``banned``
+        (and, in each row, other than its ``row_bans``). Banned words still count in the normaliser, as
+        when dense log-probs are masked after the log-softmax. Overwrites the logits (call once)."""
+        if row_bans is not None:
+            return self._best_without(k, banned, row_bans)
         self.logits = self.logits.float()  # (N, V); no copy for float32
         if self.fused:  # the C kernel's one read per row, the bias added on the fly; or None
             read = kernels.row_best_log_probs(self.logits, k, list(banned), self.bias)
@@ -134,6 +140,20 @@ class Logits:
             total = total + (kept - top).exp().sum(dim=1, keepdim=True)
         self.logits = None  # consumed
         return values - (top + total.log()), words
+
+    def _best_without(self, k: int, banned: Sequence[int], row_bans: "_RowBans") -> tuple[Tensor, Tensor]:
+        """best() with per-row bans: a row's k best allowed words lie among its k + (its bans) best words, so
+        those are read (the fused read still serves) and the row's banned ones dropped."""
+        V = self.logits.size(1)
+        wide = k + row_bans.most
+        if wide > V:  # fewer words than that: rank them all
+            values, words = row_bans.fill(_ban(self.dense(), list(banned)), in_place=True).topk(k, dim=1)
+            self.logits = None
+            return values, words
+        values, words = self.best(wide, banned)  # (N, wide) each, best first
+        values = values.masked_fill(row_bans.hits(words), -math.inf)
+        values, pos = values.sort(dim=1, descending=True, stable=True)  # stable: ties keep best()'s order
+        return values[:, :k].contiguous(), words.gather(1, pos[:, :k])  # the callers view them as (B, K*K)
 
 
 def normalise_score(score: float, length: int, length_penalty: float) -> float:
@@ -214,6 +234,50 @@ def _ban(log_probs: Tensor, banned: list[int]) -> Tensor:
     return log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), -math.inf)
 
 
+class _RowBans:
+    """Words banned in some rows only, for one step: (row, id) pairs, sorted and distinct.
+
+    Made by ``repeats`` (the trigram rule); ``fill`` bans them in dense log-probs, ``hits`` finds them
+    among a row's candidate words (Logits.best reads a few more words per row and drops these).
+    """
+
+    def __init__(self, rows: Tensor, ids: Tensor, n_rows: int) -> None:
+        self.rows, self.ids = rows, ids  # (n,) each
+        counts = torch.bincount(rows, minlength=n_rows)  # (N,)
+        self.most = int(counts.max())  # the most words banned in one row
+        # (N, most): row r's banned ids, then -1 (no word id)
+        self.table = torch.full((n_rows, self.most), -1, dtype=torch.long, device=rows.device)
+        first = torch.cumsum(counts, 0) - counts  # (N,): each row's first pair
+        self.table[rows, torch.arange(rows.numel(), device=rows.device) - first[rows]] = ids
+
+    @classmethod
+    def repeats(cls, words: Tensor, live: Tensor, end_id: int) -> "_RowBans | None":
+        """The trigram rule's bans for the next word of each live row, or None when there are none.
+        words: (N, t) each row's words so far; live: (N,) bool, the rows still writing."""
+        N, t = words.shape
+        if t < 3:  # a trigram needs an earlier one and two words after its first
+            return None
+        # (N, t-2): position j holds an earlier (a, b) equal to the row's last two words, followed by words[j+2]
+        earlier = (words[:, :-2] == words[:, -2:-1]) & (words[:, 1:-1] == words[:, -1:]) & live[:, None]
+        earlier &= words[:, 2:] != end_id  # the way out is never banned
+        rows, pos = earlier.nonzero(as_tuple=True)  # (n,) each
+        if not rows.numel():
+            return None
+        pairs = torch.unique(torch.stack([rows, words[:, 2:][rows, pos]]), dim=1)  # (2, n'): sorted by row, then id
+        return cls(pairs[0], pairs[1], N)
+
+    def fill(self, log_probs: Tensor, in_place: bool = False) -> Tensor:
+        """log_probs (N, V) with each row's banned ids at -inf (out of place unless ``in_place``)."""
+        minus_inf = torch.tensor(-math.inf, dtype=log_probs.dtype, device=log_probs.device)
+        index = (self.rows.to(log_probs.device), self.ids.to(log_probs.device))
+        return log_probs.index_put_(index, minus_inf) if in_place else log_probs.index_put(index, minus_inf)
+
+    def hits(self, words: Tensor) -> Tensor:
+        """(N, k) bool: whether words[r, j] is banned in row r."""
+        table = self.table.to(words.device)
+        return (words[:, :, None] == table[:, None, :]).any(dim=2)  # (N, k, most) -> (N, k)
+
+
 def _hypothesis(tokens: list[int], per_word: "list[Tensor | None] | None", score: float, finished: bool,
                 length_penalty: float) -> Hypothesis:
     """The one place a Hypothesis is made. per_word: its words' per-word tensors ((len(tokens), ...) each,
@@ -265,7 +329,7 @@ class _History:
 
 
 def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                        forbid_ids, choose, arg_max: bool = False):
+                        forbid_ids, choose, arg_max: bool = False, block_trigrams: bool = False):
     """Shared loop of greedy and sampling; `choose(log_probs (B, V)) -> tokens (B,)`. With ``arg_max`` (greedy)
     a step's Logits give their best word directly (Logits.best)."""
     _check_args(batch_size, max_length, min_length)
@@ -276,11 +340,14 @@ def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length
     for t in range(max_length):
         banned = _banned(t, end_id, min_length, forbid_ids)
         log_probs, per_word, state = _step(step_fn, tokens, state, B, banned)
+        row_bans = _RowBans.repeats(history.words, ~finished, end_id) if block_trigrams and t else None
         if isinstance(log_probs, Logits) and arg_max:
-            word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned))  # (B,) each
+            word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned, row_bans))  # (B,) each
         else:
             if isinstance(log_probs, Logits):  # sampling draws from the whole distribution
                 log_probs = _ban(log_probs.dense(), banned)
+            if row_bans is not None:
+                log_probs = row_bans.fill(log_probs)
             word = choose(log_probs)  # (B,)
             word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
         if scores is None:  # created on the device the model answers on
@@ -320,6 +387,7 @@ def greedy_search(
     min_length: int = 0,
     length_penalty: float = 1.0,
     forbid_ids: Sequence[int] = (),
+    block_trigrams: bool = False,
 ) -> list[list[Hypothesis]]:
     """Arg-max decoding; returns B lists holding one Hypothesis. Equals `beam_search(beam_size=1)`.
 
@@ -331,7 +399,7 @@ def greedy_search(
         return log_probs.topk(1, dim=1).indices.squeeze(1)
 
     return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                               tuple(forbid_ids), choose, arg_max=True)
+                               tuple(forbid_ids), choose, arg_max=True, block_trigrams=block_trigrams)
 
 
 def sample_search(
@@ -348,6 +416,7 @@ def sample_search(
     min_length: int = 0,
     length_penalty: float = 1.0,
     forbid_ids: Sequence[int] = (),
+    block_trigrams: bool = False,
 ) -> list[list[Hypothesis]]:
     """Ancestral sampling from softmax(log_probs / temperature), optionally restricted to the top-k words.
 
@@ -369,7 +438,7 @@ def sample_search(
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                               tuple(forbid_ids), choose)
+                               tuple(forbid_ids), choose, block_trigrams=block_trigrams)
 
 
 # ---------------------------------------------------------------------------------------
@@ -390,6 +459,7 @@ def beam_search(
     min_length: int = 0,
     forbid_ids: Sequence[int] = (),
     expand: Callable[[State, int], State] | None = None,
+    block_trigrams: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns B lists of up to `n_best` hypotheses, best `norm_score` first.
 
@@ -413,7 +483,7 @@ def beam_search(
     if beam_size < 1 or n_best < 1:
         raise ValueError(f"beam_size and n_best must be >= 1, got beam_size={beam_size}, n_best={n_best}")
     _check_state_rows(state, batch_size)
-    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand)
+    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand, block_trigrams)
     for t in range(max_length):
         log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, [])
         beams.advance(log_probs, per_word, _banned(t, end_id, min_length, tuple(forbid_ids)), t)
@@ -432,8 +502,9 @@ class _Beams:
     """
 
     def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
-                 n_best: int, expand: Callable[[State, int], State] | None) -> None:
+                 n_best: int, expand: Callable[[State, int], State] | None, block_trigrams: bool = False) -> None:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
+        self.block_trigrams = block_trigrams
         self.active = list(range(batch_size))  # original image index of each image still in the batch
         B = batch_size
         # The first step runs on the B unexpanded rows (self.steps == 0): the K beams of an image all start
@@ -482,12 +553,16 @@ class _Beams:
             log_probs = log_probs.dense()
         if not self.steps:
             return self._first(log_probs, per_word, banned)
+        # finished beams are frozen below, whatever their words
+        row_bans = _RowBans.repeats(self.history.words, ~self.finished, self.end_id) if self.block_trigrams else None
         if isinstance(log_probs, Logits):
-            top_scores, parent, word = self._best_of_rows(log_probs, banned)
+            top_scores, parent, word = self._best_of_rows(log_probs, banned, row_bans)
         else:
             cand = self.scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
             if banned:
                 cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
+            if row_bans is not None:
+                row_bans.fill(cand, in_place=True)
             if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
                 cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
             top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
@@ -532,11 +607,12 @@ class _Beams:
         self._expand()
         self._after(word, newly, 0)
 
-    def _best_of_rows(self, step: Logits, banned: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    def _best_of_rows(self, step: Logits, banned: list[int], row_bans: "_RowBans | None"
+                      ) -> tuple[Tensor, Tensor, Tensor]:
         """advance()'s K best continuations per image from Logits: each row's K best words (Logits.best), then
         the K best of the image's K x K. Returns (top scores (B, K), parent (N,), word (N,))."""
         B, K, N = len(self.active), self.K, self.rows
-        log_probs, words = step.best(K, banned)  # (N, K) each
+        log_probs, words = step.best(K, banned, row_bans)  # (N, K) each
         cand = log_probs.add_(self.scores[:, None])  # (N, K)
         if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
             frozen = torch.full_like(cand, -math.inf)

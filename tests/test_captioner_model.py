@@ -153,3 +153,29 @@ def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
     assert len(per_image[0].tokens) == 7
     explicit = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=3"]), _tiny_vocab())
     assert explicit.max_length == 3
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_eval_block_trigrams_reaches_generate_and_the_decode_loop(beam, monkeypatch):
+    """The crafted model prefers "a" to <end> at every step: "a a a a a" (max_length 5) repeats the trigram
+    "a a a"; with eval.block_trigrams the fourth "a" is banned and the caption ends."""
+    from captioner.decode import decode_batches
+
+    off = build_model(load_config(SMOKE, ["eval.max_length=5"]), _tiny_vocab()).eval()
+    on = build_model(load_config(SMOKE, ["eval.max_length=5", "eval.block_trigrams=true"]), _tiny_vocab()).eval()
+    assert (off.block_trigrams, on.block_trigrams) == (False, True)
+    H, W = on.grid_hw
+    grid = on.prepare_grid(torch.randn(2, H * W, on.encoder.backbone_dim))
+    for model in (off, on):
+        monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-5.0, -0.1, -5.0, -0.1))
+    looping, blocked = ["a"] * 5, ["a"] * 3
+    assert [off.vocab.decode(h[0].tokens) for h in off.generate(grid, beam_size=beam)] == [looping, looping]
+    assert [on.vocab.decode(h[0].tokens) for h in on.generate(grid, beam_size=beam)] == [blocked, blocked]
+    # The decode loop behind `captioner evaluate` and validation uses the model's value...
+    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], beam_size=beam))
+    assert words == blocked
+    # ...and an explicit value (`captioner evaluate/caption --block-trigrams / --no-block-trigrams`) wins.
+    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], beam_size=beam, block_trigrams=False))
+    assert words == looping
+    ((_, _, words),) = list(decode_batches(off, [(["img"], grid[:1])], beam_size=beam, block_trigrams=True))
+    assert words == blocked

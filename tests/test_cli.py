@@ -36,3 +36,29 @@ def test_expand_paths_files_globs_dirs(tmp_path):
     names = [p.name for p in paths]
     assert names == ["a.png", "b.jpg", "c.jpeg"]
     assert missing == [(str(tmp_path / "nope.png"), "no such file")]
+
+
+def test_caption_block_trigrams_flag_reaches_the_search(smoke_checkpoint, tmp_path, capsys):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    images = []
+    for seed in range(3):
+        path = tmp_path / f"{seed}.png"
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+        images.append(str(path))
+
+    def captions(*flags):
+        capsys.readouterr()
+        assert main(["caption", *images, "--checkpoint", str(smoke_checkpoint), "--beam", "2", "--json",
+                     *flags]) == 0
+        return [r["caption"].split() for r in json.loads(capsys.readouterr().out)["results"]]
+
+    def repeats(words):
+        grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+        return len(set(grams)) < len(grams)
+
+    assert any(repeats(words) for words in captions())  # the untrained smoke model loops
+    assert not any(repeats(words) for words in captions("--block-trigrams"))

@@ -29,7 +29,7 @@ def spread(cells: list[int]) -> np.ndarray:
 class ScriptedModel:
     """What evaluate_model needs of an api.ImageCaptioner; image i decodes script[i] = (words, alphas, cells)."""
 
-    grid_hw, max_length, length_penalty, device = GRID, 8, 1.0, torch.device("cpu")
+    grid_hw, max_length, length_penalty, block_trigrams, device = GRID, 8, 1.0, False, torch.device("cpu")
 
     def __init__(self, script: list[tuple[list[str], list[np.ndarray], list[int] | None]]) -> None:
         self.script = list(script)

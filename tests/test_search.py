@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from captioner.search import Hypothesis, Logits, _row_topk, beam_search, greedy_search, map_state, sample_search
+from captioner.search import (Hypothesis, Logits, _row_topk, _RowBans, beam_search, greedy_search, map_state,
+                              sample_search)
 
 PAD, START, END = 0, 1, 2
 
@@ -452,3 +453,123 @@ def test_first_step_runs_on_one_row_per_image_then_expand_sees_its_state():
         ref = reference_beam(m, b, K, 6, 1.0, 2)
         assert [h.tokens for h in out[b]] == [r[2] for r in ref]
         assert [h.score for h in out[b]] == pytest.approx([r[1] for r in ref], abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# block_trigrams: no word that would complete a trigram its hypothesis already holds
+
+
+A, B_, C, D, E = 3, 4, 5, 6, 7  # words of the cycle model below
+
+
+def cycle_step(V=8):
+    """A model that loops "a b c a b c ...": each word's favourite next word is the cycle's, then d, then e;
+    <end> is possible but unlikely; the words past e (V > 8) are unlikely too."""
+    cycle = {START: A, A: B_, B_: C, C: A, D: A, E: A}
+    table = torch.full((V, V), -6.0)
+    table[:, END] = -3.0
+    table[:, D], table[:, E] = 1.0, 0.0
+    for prev, nxt in cycle.items():
+        table[prev, nxt] = 3.0
+    table[:, PAD] = table[:, START] = -1e4
+    log_probs = torch.log_softmax(table, dim=1)  # (V, V): next-word log-probs given the last word
+
+    def step(tokens, state):
+        return log_probs[tokens], None, state
+
+    return step, log_probs
+
+
+def as_logits(step):
+    def logits_step(tokens, state):
+        log_probs, per_word, state = step(tokens, state)
+        return Logits(log_probs + 2.5), per_word, state  # shifted: only the search's normalisation undoes it
+
+    return logits_step
+
+
+def trigrams(tokens):
+    return [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
+
+
+def replay(log_probs, h):
+    """The model's log-probability of h's words (and <end> when finished), fed one by one."""
+    fed = [START] + h.tokens
+    said = h.tokens + ([END] if h.finished else [])
+    return sum(float(log_probs[f, w]) for f, w in zip(fed, said))
+
+
+def test_repeats_bans_the_words_that_would_complete_an_earlier_trigram():
+    words = torch.tensor([[A, B_, C, A, B_, D, A, B_],  # (a b) seen before c and d: both banned
+                          [A, B_, C, A, B_, D, A, B_],  # the same, but no longer writing
+                          [A, A, A, C, A, A, A, A],  # (a a) before a and c
+                          [A, B_, END, A, B_, C, A, B_],  # (a b) before <end> too: <end> stays allowed
+                          [C, D, E, A, B_, C, E, D]])  # no earlier (e d): nothing
+    live = torch.tensor([True, False, True, True, True])
+    bans = _RowBans.repeats(words, live, END)
+    assert sorted(zip(bans.rows.tolist(), bans.ids.tolist())) == [(0, C), (0, D), (2, A), (2, C), (3, C)]
+    assert bans.most == 2
+    candidates = torch.tensor([[C, E, D], [C, D, A], [A, B_, C], [END, C, A], [C, D, E]])
+    assert bans.hits(candidates).tolist() == [[True, False, True], [False] * 3, [True, False, True],
+                                              [False, True, False], [False] * 3]
+    assert _RowBans.repeats(words[:, :2], live, END) is None
+    assert _RowBans.repeats(words, torch.zeros(5, dtype=torch.bool), END) is None
+
+
+@pytest.mark.parametrize("logits", [False, True])
+@pytest.mark.parametrize("V", [8, 300])  # 300 words: the fused read (kernels) serves Logits.best when built
+def test_block_trigrams_stops_a_looping_caption_in_greedy_and_beam(logits, V):
+    step, log_probs = cycle_step(V)
+    step = as_logits(step) if logits else step
+    state = torch.zeros(2, 1)
+    for search in (lambda **kw: greedy_search(step, state, 2, START, END, max_length=12, **kw),
+                   lambda **kw: beam_search(step, state, 2, START, END, beam_size=3, n_best=3, max_length=12, **kw)):
+        loose, blocked = search(), search(block_trigrams=True)
+        assert loose[0][0].tokens[:6] == [A, B_, C, A, B_, C]  # without the ban the best caption loops
+        for hyps in blocked:
+            for h in hyps:
+                assert len(set(trigrams(h.tokens))) == len(trigrams(h.tokens)), h.tokens
+                assert h.score == pytest.approx(replay(log_probs, h), abs=1e-4)  # banned words still normalise
+        assert blocked[0][0].tokens[:6] == [A, B_, C, A, B_, D]  # c banned after "a b c a b": the next best, d
+        assert blocked[0][0].tokens == blocked[1][0].tokens  # rows are independent
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_trigrams_off_is_the_default_and_changes_only_looping_captions(seed):
+    m = RandomStep(V=6, seed=seed, end_bias=-2.0)  # few words, long captions: some rows repeat a trigram
+    common = dict(max_length=10, forbid_ids=(PAD, START))
+    for search in (greedy_search, lambda *a, **kw: beam_search(*a, beam_size=3, n_best=2, **kw),
+                   lambda *a, **kw: sample_search(*a, generator=torch.Generator().manual_seed(seed), **kw)):
+        plain = search(m, m.init_state(8), 8, START, END, **common)
+        off = search(m, m.init_state(8), 8, START, END, block_trigrams=False, **common)
+        for a, b in zip(plain, off):
+            for ha, hb in zip(a, b):
+                same(ha, hb)
+    plain = greedy_search(m, m.init_state(8), 8, START, END, **common)
+    blocked = greedy_search(m, m.init_state(8), 8, START, END, block_trigrams=True, **common)
+    repeating = [len(set(trigrams(h[0].tokens))) < len(trigrams(h[0].tokens)) for h in plain]
+    assert any(repeating)
+    for rep, a, b in zip(repeating, plain, blocked):
+        assert (a[0].tokens != b[0].tokens) == rep  # a caption with no repeat is decoded exactly as before
+        assert len(set(trigrams(b[0].tokens))) == len(trigrams(b[0].tokens))
+        if not rep:
+            same(a[0], b[0])
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_block_trigrams_never_bans_the_way_out(logits):
+    """One word besides <end>: "a a a" bans a, and the search must end there rather than choose a banned word."""
+    table = torch.tensor([-1e4, -1e4, 0.0, 5.0])  # <pad>, <start>, <end>, a
+
+    def step(tokens, state):
+        return torch.log_softmax(table.repeat(tokens.size(0), 1), dim=1), None, state
+
+    step = as_logits(step) if logits else step
+    state = torch.zeros(2, 1)
+    for search in (lambda **kw: greedy_search(step, state, 2, START, END, max_length=8, forbid_ids=(PAD, START), **kw),
+                   lambda **kw: beam_search(step, state, 2, START, END, beam_size=3, max_length=8,
+                                            forbid_ids=(PAD, START), **kw)):
+        assert search()[0][0].tokens == [A] * 8 and not search()[0][0].finished
+        for hyps in search(block_trigrams=True):
+            h = hyps[0]
+            assert h.tokens == [A] * 3 and h.finished and math.isfinite(h.score)

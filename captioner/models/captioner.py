@@ -54,6 +54,7 @@ class Captioner(nn.Module):
         attention_mode: default decoding mode for hard attention (expectation | argmax | sample).
         max_length: default for the most words a decoded caption may have.
         length_penalty: default beam-search ranking exponent (score / length ** length_penalty).
+        block_trigrams: default for banning words that would repeat a trigram of their caption (search.py).
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class Captioner(nn.Module):
         attention_mode: str = "expectation",
         max_length: int = 20,
         length_penalty: float = 1.0,
+        block_trigrams: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -80,6 +82,7 @@ class Captioner(nn.Module):
         self.attention_mode = attention_mode
         self.max_length = max_length
         self.length_penalty = length_penalty
+        self.block_trigrams = block_trigrams
 
     @property
     def transform(self):
@@ -133,17 +136,20 @@ class Captioner(nn.Module):
         length_penalty: float | None = None,
         min_length: int = 0,
         forbid_unk: bool = False,
+        block_trigrams: bool | None = None,
     ) -> list[list[Any]]:
         """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words).
 
-        ``max_length`` / ``length_penalty`` default to the model's (its constructor's).
-        ``forbid_unk`` never lets the search choose <unk> (for captions a person reads).
+        ``max_length`` / ``length_penalty`` / ``block_trigrams`` default to the model's (its constructor's).
+        ``forbid_unk`` never lets the search choose <unk> (for captions a person reads); ``block_trigrams``
+        never lets a caption repeat a trigram (search.py).
         In hard attention's "sample"/"argmax" modes each Hypothesis also has ``locations``.
         """
         from captioner.search import beam_search, greedy_search
 
         max_length = self.max_length if max_length is None else max_length
         length_penalty = self.length_penalty if length_penalty is None else length_penalty
+        block_trigrams = self.block_trigrams if block_trigrams is None else block_trigrams
         mode = self.decode_mode(attention_mode)
         state = self.decoder.init_state(grid)
         def step_fn(tokens, state):
@@ -156,7 +162,7 @@ class Captioner(nn.Module):
         # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.
         common = dict(batch_size=grid.size(0), start_id=self.start_id, end_id=self.end_id,
                       max_length=max_length, forbid_ids=(self.pad_id, self.start_id)
-                      + ((self.unk_id,) if forbid_unk else ()))
+                      + ((self.unk_id,) if forbid_unk else ()), block_trigrams=block_trigrams)
         if beam_size == 1 and n_best == 1:
             hyps = greedy_search(step_fn, state, min_length=min_length, **common)
         else:
