@@ -21,8 +21,8 @@ from tqdm import tqdm
 from captioner.api import load_captioner, reads_cached_grids
 from captioner.decode import decode_batches
 from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
-from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_scores,
-                               cells_of, cells_read, grounding_shares, resolve_tokenizer)
+from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
+                               caption_scores, cells_of, cells_read, grounding_shares, resolve_tokenizer)
 
 
 def coco_image_id(record) -> int | None:
@@ -108,7 +108,8 @@ def evaluate_model(
 
     Grids come from ``cache`` (a FeatureCache of backbone grids) when given, else from the
     images through the model's encoder. Returns a dict with ``scores`` (0-100, None where a
-    metric is unavailable), ``grounding`` (averaged over referring words; None when no record has
+    metric is unavailable), the captions' ``vocabulary`` and ``distinct_captions`` share
+    (metrics.caption_diversity), ``grounding`` (averaged over referring words; None when no record has
     object regions), the attention's sharpness (``alpha_max``, ``alpha_entropy``: see
     metrics.attention_sharpness), the ``predictions`` per image id, the tokenizer the scores used
     and the decoding settings (``block_trigrams`` defaults to the model's, its config's eval section).
@@ -142,6 +143,7 @@ def evaluate_model(
     return {
         "scores": scores,
         "tokenizer": tokenizer,
+        **caption_diversity(predictions),
         **attention_sharpness(word_alphas),
         **attention_movement(word_cells),
         "grounding": grounding.mean,
@@ -184,6 +186,8 @@ def format_table(result: dict, split: str) -> str:
             "-" * len(head)]
     for name, value in result["scores"].items():
         rows.append(f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}")
+    rows.append(f"vocabulary: {result['vocabulary']} distinct words")
+    rows.append(f"distinct captions: {100 * result['distinct_captions']:.1f} %")
     g = result["grounding"]
     rows.append(f"{'grounding':<10} {'n/a (no regions)' if g is None else f'{100 * g:6.2f}'}"
                 + ("" if g is None else "  (% of a referring word's attention inside its object)"))

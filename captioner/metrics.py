@@ -16,6 +16,10 @@ quantitative version of the paper's Fig. 2-3 and 5 overlays. A data set's figure
 every referring word of every caption (``grounding_shares``), not over images; a word that names an
 object kind the image does not show scores 0; in hard attention's argmax/sample decoding the word
 read one cell, and that cell is what is scored (``cells_read``).
+
+Caption diversity (``caption_diversity``) says how generic the captions are, which n-gram scores reward: the
+number of distinct words the predictions use, and the share of captions that are distinct strings (a model
+that writes one safe caption for many images scores low on both).
 """
 
 from __future__ import annotations
@@ -164,6 +168,21 @@ def caption_scores(
 
         out["CIDEr-D"] = 100.0 * float(Cider().compute_score(gts, res)[0])
     return {m: out[m] for m in wanted}
+
+
+def caption_diversity(predictions: dict[Any, str]) -> dict[str, int | float | None]:
+    """How varied the predicted captions are, on their lower-cased whitespace tokens (the decoded words as
+    predictions store them, ``<unk>`` included).
+
+    Returns ``vocabulary``: the number of distinct words over all captions, and ``distinct_captions``: the
+    number of distinct captions over the number of captions (0-1; None without captions). An empty caption
+    is a caption (the empty string) with no words.
+    """
+    captions = [tuple(caption.lower().split()) for caption in predictions.values()]
+    return {
+        "vocabulary": len({word for words in captions for word in words}),
+        "distinct_captions": len(set(captions)) / len(captions) if captions else None,
+    }
 
 
 def _meteor(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: float) -> float | None:

@@ -38,3 +38,15 @@ def test_block_trigrams_reaches_the_decode_and_the_table(smoke_checkpoint, data_
     table = capsys.readouterr().out
     assert blocked["block_trigrams"] is True and "repeated trigrams blocked" in table.splitlines()[0]
     assert all(len(set(trigrams(c))) == len(trigrams(c)) for c in blocked["predictions"].values())
+
+
+def test_the_table_and_json_report_caption_diversity(smoke_checkpoint, data_root, tmp_path, capsys):
+    result = run_evaluate(smoke_checkpoint, data_root, tmp_path / "result.json", "--beam", "1")
+    table = capsys.readouterr().out
+    captions = list(result["predictions"].values())
+    assert len(captions) == 6
+    words = {w for c in captions for w in c.split()}
+    assert result["vocabulary"] == len(words) > 0
+    assert result["distinct_captions"] == pytest.approx(len(set(captions)) / 6)
+    assert f"vocabulary: {len(words)} distinct words" in table.splitlines()
+    assert f"distinct captions: {100 * len(set(captions)) / 6:.1f} %" in table.splitlines()

@@ -248,3 +248,23 @@ def test_attention_movement_on_crafted_alphas():
     # One-word captions have no pairs; no words at all gives no figures.
     assert metrics.attention_movement([[4]]) == {"cells_per_caption": 1.0, "cell_changes": None}
     assert metrics.attention_movement([]) == {"cells_per_caption": None, "cell_changes": None}
+
+
+def test_caption_diversity_counts_distinct_words_and_captions():
+    from captioner.metrics import caption_diversity
+
+    predictions = {
+        "1": "a dog runs on the grass",
+        "2": "a dog runs on the grass",  # the same caption for another image
+        "3": "A Dog  runs on the grass",  # the same words, as stored (lower-cased, whitespace-split)
+        "4": "a cat sleeps",
+        "5": "",  # an empty caption is a caption with no words
+        "6": "<unk> <unk> sleeps",
+    }
+    figures = caption_diversity(predictions)
+    # a dog runs on the grass cat sleeps <unk>
+    assert figures["vocabulary"] == 9
+    assert figures["distinct_captions"] == pytest.approx(4 / 6)
+    assert caption_diversity({"1": "a b", "2": "b a"}) == {"vocabulary": 2, "distinct_captions": 1.0}
+    assert caption_diversity({"1": "", "2": ""}) == {"vocabulary": 0, "distinct_captions": 0.5}
+    assert caption_diversity({}) == {"vocabulary": 0, "distinct_captions": None}
