@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from captioner.api import load_captioner, reads_cached_grids
+from captioner.data.images import check_jpeg_quality
 from captioner.decode import decode_batches
 from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
@@ -71,17 +72,22 @@ class _Grounding:
         return float(np.mean(self.shares)) if self.shares else None
 
 
-def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: Any
+def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: Any, jpeg_quality: int | None = None
                   ) -> Iterator[tuple[Sequence, torch.Tensor]]:
-    """(records, prepared grid (B, L, D)) per batch: from the feature cache when given, else the images."""
-    from captioner.data.images import load_image
+    """(records, prepared grid (B, L, D)) per batch: from the feature cache when given, else the images,
+    each re-encoded as a JPEG of ``jpeg_quality`` first when that is given."""
+    from captioner.data.images import load_image, reencode_jpeg
+
+    def image(record):
+        loaded = load_image(record.path)
+        return loaded if jpeg_quality is None else reencode_jpeg(loaded, jpeg_quality)
 
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         if cache is not None:
             inputs = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).float()  # (B, L, D_backbone)
         else:
-            inputs = torch.stack([model.transform(load_image(r.path)) for r in batch])  # (B, 3, S, S)
+            inputs = torch.stack([model.transform(image(r)) for r in batch])  # (B, 3, S, S)
         yield batch, model.grid_from(inputs.to(model.device), images=cache is None)
         bar.update(len(batch))
 
@@ -103,17 +109,26 @@ def evaluate_model(
     instances: str | None = None,
     forbid_unk: bool = False,
     block_trigrams: bool | None = None,
+    jpeg_quality: int | None = None,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
     Grids come from ``cache`` (a FeatureCache of backbone grids) when given, else from the
-    images through the model's encoder. Returns a dict with ``scores`` (0-100, None where a
-    metric is unavailable), the captions' ``vocabulary`` and ``distinct_captions`` share
-    (metrics.caption_diversity), ``grounding`` (averaged over referring words; None when no record has
-    object regions), the attention's sharpness (``alpha_max``, ``alpha_entropy``: see
-    metrics.attention_sharpness), the ``predictions`` per image id, the tokenizer the scores used
-    and the decoding settings (``block_trigrams`` defaults to the model's, its config's eval section).
+    images through the model's encoder. ``jpeg_quality`` (1..95) re-encodes every image as a JPEG of
+    that quality before the encoder sees it (then no cache: its grids came from the original files).
+
+    Returns a dict with ``scores`` (0-100, None where a metric is unavailable), the captions'
+    ``vocabulary`` and ``distinct_captions`` share (metrics.caption_diversity), ``grounding`` (averaged
+    over referring words; None when no record has object regions), the attention's sharpness
+    (``alpha_max``, ``alpha_entropy``: see metrics.attention_sharpness), the ``predictions`` per image id,
+    the tokenizer the scores used and the decoding settings (``block_trigrams`` defaults to the model's,
+    its config's eval section; ``jpeg_quality`` is None when the images were not re-encoded).
     """
+    if jpeg_quality is not None:
+        check_jpeg_quality(jpeg_quality)
+        if cache is not None:
+            raise ValueError(f"jpeg_quality={jpeg_quality} re-encodes the images, but the feature cache holds the "
+                             f"grids of the original files: pass cache=None")
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
     predictions: dict[str, str] = {}
@@ -126,7 +141,8 @@ def evaluate_model(
     tokenizer = resolve_tokenizer(tokenizer)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
-    for record, best, words in decode_batches(model, _grid_batches(model, records, batch_size, cache, bar),
+    batches = _grid_batches(model, records, batch_size, cache, bar, jpeg_quality)
+    for record, best, words in decode_batches(model, batches,
                                               beam_size, max_length, mode, length_penalty=length_penalty,
                                               forbid_unk=forbid_unk, block_trigrams=block_trigrams):
         predictions[record.image_id] = " ".join(words)
@@ -151,6 +167,7 @@ def evaluate_model(
         "grounding_words_images": grounding.images,
         "n_images": len(records),
         "grids": "feature cache" if cache is not None else "images",
+        "jpeg_quality": jpeg_quality,
         "beam_size": beam_size,
         "max_length": max_length,
         "length_penalty": length_penalty,
@@ -178,7 +195,8 @@ def format_table(result: dict, split: str) -> str:
             f"length_penalty={result['length_penalty']:g}  max_length={result['max_length']}  "
             f"decoding={result['attention_mode']}  grids from {result['grids']}"
             + ("  <unk> forbidden" if result.get("forbid_unk") else "")
-            + ("  repeated trigrams blocked" if result.get("block_trigrams") else ""))
+            + ("  repeated trigrams blocked" if result.get("block_trigrams") else "")
+            + (f"  inputs re-encoded as JPEG quality {result['jpeg_quality']}" if result.get("jpeg_quality") else ""))
     rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
                                                          if result["tokenizer"] == "ptb" else
                                                          "  (no Java: not PTB, scores differ slightly "
@@ -231,10 +249,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="COCO instances_*.json: also report attention grounding on instance masks")
     parser.add_argument("--no-cache", action="store_true",
                         help="encode every image even when the feature cache of this frozen encoder holds its grid")
+    parser.add_argument("--jpeg-quality", type=int, default=None, metavar="Q",
+                        help="re-save every image as a JPEG of quality Q (1..95) in memory before the encoder sees "
+                             "it (so never reads the feature cache): how steady are the captions under recompression?")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
     args = parser.parse_args(argv)
+    if args.jpeg_quality is not None:
+        try:
+            check_jpeg_quality(args.jpeg_quality)
+        except ValueError as err:
+            parser.error(f"--jpeg-quality: {err}")
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
@@ -259,12 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
-    cache = None if args.no_cache else cached_grids(model, records)
+    cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records)
     result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
                             length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
                             meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
-                            forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams)
+                            forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams,
+                            jpeg_quality=args.jpeg_quality)
     result["split"] = split
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -3,6 +3,7 @@ decoding options it takes reach the decode and its output says what was done."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,3 +51,59 @@ def test_the_table_and_json_report_caption_diversity(smoke_checkpoint, data_root
     assert result["distinct_captions"] == pytest.approx(len(set(captions)) / 6)
     assert f"vocabulary: {len(words)} distinct words" in table.splitlines()
     assert f"distinct captions: {100 * len(set(captions)) / 6:.1f} %" in table.splitlines()
+
+
+def test_jpeg_quality_changes_the_grids_the_encoder_gives(smoke_checkpoint, tmp_path):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from captioner import load_captioner
+    from captioner.evaluate import _grid_batches
+
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: detail at every pixel
+    arr[::2, :, 0] = 255  # and one-pixel stripes
+    Image.fromarray(arr).save(tmp_path / "fine.png")
+    records = [SimpleNamespace(image_id="fine", path=tmp_path / "fine.png")]
+    model = load_captioner(smoke_checkpoint).eval()
+    bar = SimpleNamespace(update=lambda n: None)
+
+    def grid(quality):
+        with torch.no_grad():
+            ((_, g),) = list(_grid_batches(model, records, 1, None, bar, quality))
+        return g  # (1, L, D)
+
+    original, again = grid(None), grid(None)
+    assert torch.equal(original, again)  # the comparison below is not noise
+    for quality in (30, 95):
+        change = (grid(quality) - original).abs().max() / original.abs().max()
+        assert change > 0.05, quality  # relative to the grid's largest value
+
+
+@pytest.mark.parametrize("quality", ["0", "101"])
+def test_jpeg_quality_out_of_range_is_refused_naming_the_value(quality, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(["--checkpoint", "unused", "--jpeg-quality", quality])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--jpeg-quality" in err and f"got {quality}" in err and "1..95" in err
+
+
+def test_jpeg_quality_is_in_the_header_and_reads_the_images(smoke_checkpoint, data_root, tmp_path, capsys):
+    result = run_evaluate(smoke_checkpoint, data_root, tmp_path / "jpeg.json", "--beam", "1", "--jpeg-quality", "75")
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "inputs re-encoded as JPEG quality 75" in head and "grids from images" in head
+    assert result["jpeg_quality"] == 75 and result["grids"] == "images"
+    plain = run_evaluate(smoke_checkpoint, data_root, tmp_path / "plain.json", "--beam", "1")
+    assert plain["jpeg_quality"] is None and "re-encoded" not in capsys.readouterr().out
+
+
+def test_evaluate_model_refuses_jpeg_quality_with_a_feature_cache(smoke_checkpoint):
+    from captioner import load_captioner
+    from captioner.evaluate import evaluate_model
+
+    with pytest.raises(ValueError, match="jpeg_quality=75 .*feature cache"):
+        evaluate_model(load_captioner(smoke_checkpoint), [], cache=object(), jpeg_quality=75)
+    with pytest.raises(ValueError, match="got 0"):
+        evaluate_model(load_captioner(smoke_checkpoint), [], jpeg_quality=0)

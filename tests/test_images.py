@@ -1,5 +1,6 @@
 """Tests for captioner/data/images.py: every awkward file is built at test time in tmp_path."""
 
+import re
 import struct
 import time
 import zlib
@@ -181,3 +182,39 @@ def test_pil_bomb_warning_is_an_error(tmp_path):
     path = _png_with_declared_size(tmp_path / "warn.png", 10_000, 10_000)
     with pytest.raises(ImageLoadError, match="decompression bomb"):
         load_image(path, max_pixels=200_000_000)
+
+
+def _fine_detail(size=64):
+    """One-pixel stripes of saturated colours over noise: the detail JPEG's 8x8 DCT blurs and its chroma
+    subsampling smears."""
+    rng = np.random.default_rng(3)
+    arr = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+    arr[::2, :, 0], arr[1::2, :, 1] = 255, 0
+    return Image.fromarray(arr)
+
+
+def test_reencode_jpeg_loses_fine_detail_more_at_low_quality():
+    from captioner.data.images import reencode_jpeg
+
+    original = _fine_detail()
+    pixels = np.asarray(original, dtype=np.float64)
+    errors = {}
+    for quality in (10, 75, 95):
+        out = reencode_jpeg(original, quality)
+        assert out.mode == "RGB" and out.size == original.size
+        errors[quality] = np.abs(np.asarray(out, dtype=np.float64) - pixels).mean()
+    assert errors[95] > 1.0  # even the best quality does not give the pixels back
+    assert errors[10] > errors[75] > errors[95]
+    assert np.array_equal(np.asarray(reencode_jpeg(original, 75)), np.asarray(reencode_jpeg(original, 75)))
+    assert np.array_equal(np.asarray(original), np.asarray(_fine_detail()))  # the input is left alone
+
+
+@pytest.mark.parametrize("quality", [0, 96, 101, -5, 7.5, "75", True])
+def test_jpeg_quality_outside_1_to_95_is_refused_by_name(quality):
+    from captioner.data.images import check_jpeg_quality, reencode_jpeg
+
+    with pytest.raises(ValueError, match=rf"1\.\.95, got {re.escape(repr(quality))}"):
+        check_jpeg_quality(quality)
+    with pytest.raises(ValueError, match="JPEG quality"):
+        reencode_jpeg(_fine_detail(8), quality)
+    assert check_jpeg_quality(1) == 1 and check_jpeg_quality(95) == 95

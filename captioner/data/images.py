@@ -7,10 +7,14 @@ annotation vectors a_i) passes through ``load_image``. It
 - applies the EXIF orientation, since phones store portraits as rotated landscapes;
 - maps every mode to 8-bit RGB: transparency is composited over white, 16-bit data is rescaled (PIL's own
   ``convert`` clips 16-bit values to 255, which turns most of such an image white).
+
+``reencode_jpeg`` is the in-memory JPEG round trip of an image it loaded (``captioner evaluate --jpeg-quality``:
+are the captions steady when the same photograph arrives recompressed?).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 import warnings
 from pathlib import Path
@@ -19,6 +23,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own default limit (~ 0.25 GB at 3 bytes per pixel)
+# Pillow's useful JPEG qualities: above 95 its encoder mostly grows the file (its documentation says to avoid it).
+JPEG_QUALITIES = range(1, 96)
 
 # Modes with an alpha channel (or a palette that may carry one) are composited over white: a transparent
 # background most often means "no background", and black (what a plain drop of alpha gives) is rarely meant.
@@ -82,6 +88,24 @@ def load_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
     except (OSError, SyntaxError, ValueError, TypeError, IndexError, EOFError, KeyError, struct.error) as err:
         # PIL reports truncated and corrupt data through any of these, depending on the plugin.
         raise ImageLoadError(path, f"corrupt or truncated image data ({type(err).__name__}: {err})") from err
+
+
+def check_jpeg_quality(quality: int) -> int:
+    """``quality`` when it is an int in JPEG_QUALITIES (1..95), else a ValueError naming it."""
+    if isinstance(quality, bool) or not isinstance(quality, int) or quality not in JPEG_QUALITIES:
+        raise ValueError(f"JPEG quality must be an int in {JPEG_QUALITIES.start}..{JPEG_QUALITIES.stop - 1}, "
+                         f"got {quality!r}")
+    return quality
+
+
+def reencode_jpeg(image: Image.Image, quality: int) -> Image.Image:
+    """``image`` (RGB) saved as a JPEG of ``quality`` (1..95) in memory and decoded again: an RGB image of the
+    same size carrying the codec's losses (blocking, blurred fine detail, shifted colours)."""
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="JPEG", quality=check_jpeg_quality(quality))
+    buffer.seek(0)
+    with Image.open(buffer) as decoded:
+        return decoded.convert("RGB")  # decodes now: the buffer goes with this function
 
 
 def _apply_exif_orientation(im: Image.Image) -> Image.Image:
