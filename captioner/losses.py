@@ -34,6 +34,17 @@ Images whose context was the expectation (the per-image variance trick of §4.1)
 log p(s̃) = 0 from the decoder and thus no REINFORCE term; they are also left out of the
 baseline's average.
 
+That estimator is kept as the reference (``train.hard.estimator: paper``). On Flickr8k it cannot teach
+the scorer where to look: the whole-caption reward minus one moving average is dominated by caption
+length and difficulty, and at λ_r = 1 it costs 4.8 val CIDEr-D after one epoch against the estimator
+below (README). ``loo_hard_attention_loss`` (``estimator: loo``) samples K location paths per caption
+and credits each s_t with the words from t on, against the mean of the caption's other K-1 paths at
+the same step (Kool et al. 2019): what the copies share cancels, and with λ_r = 1 the estimate stays
+unbiased (exact enumeration in tests/test_losses.py).
+
+Under SCST (``scst_loss``) the location policy also gets λ_e's entropy bonus; the attention terms
+(λ, γ) are not defined on sampled captions there, and config.check_read_keys refuses them.
+
 Self-critical sequence training (Rennie et al. 2017, arXiv:1612.00563; ``scst_loss``): the policy is
 the decoder itself, a trajectory is a whole sampled caption, and its reward r is CIDEr-D against the
 image's references (captioner/rewards.py). With k samples per image and a baseline b_i that does not
@@ -50,9 +61,10 @@ actions. This is Eq. (11)-(12) with the reward changed from log p(y | s, a) (the
 reference caption under the sampled cells) to the score of the sampled caption, and with the words
 sampled too; since the reward is now external, the data term of Eq. (11) has no counterpart.
 
-The paper's hard-attention objective (Eq. 10-12) has no doubly stochastic term; the shipped hard
-configs set ``alpha_c: 0``. The term stays available (same per-caption scale as Eq. 14) because it
-is equally defined on the α_t a hard model samples from.
+The paper's hard-attention objective (Eq. 10-12) has no doubly stochastic term; the shapes and COCO
+hard configs set ``alpha_c: 0``. The term is equally defined on the α_t a hard model samples from (same
+per-caption scale as Eq. 14), and configs/flickr8k_hard.yaml uses it: with γ sharpening each α_t, a
+caption that reads one cell for every word pays about (T-1)² for it, so sharp attention has to move.
 """
 
 from __future__ import annotations
@@ -226,11 +238,16 @@ def sequence_cross_entropy(output: Any, targets: Tensor) -> Tensor:
     return nll.sum() / max(nll.numel(), 1)
 
 
-def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
-    """Eq. (14): mean over the batch of Σ_i (1 - Σ_t α_ti)², t over real steps. alphas (B, T, L)."""
+def caption_penalties(alphas: Tensor, mask: Tensor) -> Tensor:
+    """Eq. (14)'s term of each caption, Σ_i (1 - Σ_t α_ti)², t over real steps: alphas (B, T, L) -> (B,)."""
     a = _at_least_float32(alphas)
     coverage = (a * mask.unsqueeze(-1).to(a.dtype)).sum(dim=1)  # (B, L)
-    return ((1.0 - coverage) ** 2).sum(dim=1).mean()
+    return ((1.0 - coverage) ** 2).sum(dim=1)
+
+
+def doubly_stochastic_penalty(alphas: Tensor, mask: Tensor) -> Tensor:
+    """Eq. (14): mean over the batch of Σ_i (1 - Σ_t α_ti)², t over real steps. alphas (B, T, L)."""
+    return caption_penalties(alphas, mask).mean()
 
 
 def penalty_per_token(alphas: Tensor, mask: Tensor) -> Tensor:
@@ -240,12 +257,13 @@ def penalty_per_token(alphas: Tensor, mask: Tensor) -> Tensor:
     return doubly_stochastic_penalty(alphas, mask) * B / mask.to(torch.float32).sum().clamp(min=1.0)
 
 
-def attention_entropy(alphas: Tensor, mask: Tensor) -> Tensor:
-    """Mean over real steps of H(α_t) / log L (0: one cell, 1: uniform). alphas (B, T, L), mask (B, T)."""
+def attention_entropy(alphas: Tensor, mask: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean over real steps of H(α_t) / log L (0: one cell, 1: uniform). alphas (B, T, L), mask (B, T);
+    ``weight`` (B,) weighs each caption's steps (default 1)."""
     L = alphas.shape[-1]
     a = _at_least_float32(alphas)
     h = -(a * torch.log(a.clamp(min=1e-12))).sum(-1) / math.log(max(L, 2))  # (B, T)
-    m = mask.to(a.dtype)
+    m = mask.to(a.dtype) if weight is None else mask.to(a.dtype) * weight.unsqueeze(1)
     return (h * m).sum() / m.sum().clamp(min=1.0)
 
 
@@ -376,13 +394,8 @@ def loo_hard_attention_loss(output: Any, targets: Tensor, samples: int, n_expect
     reinforce = -reinforce_weight * (advantage * log_ps).sum() / K / n_tokens
     entropy = (_at_least_float32(output.entropies) * mask * weight.unsqueeze(1)).sum()
     entropy_term = -entropy_weight * entropy / n_tokens
-    coverage = (_at_least_float32(output.alphas) * mask.unsqueeze(-1)).sum(dim=1)  # (rows, L)
-    penalty = ((1.0 - coverage) ** 2).sum(dim=1)  # (rows,) Eq. (14)'s per-caption term
-    L = output.alphas.shape[-1]
-    a = _at_least_float32(output.alphas)
-    h = -(a * torch.log(a.clamp(min=1e-12))).sum(-1) / math.log(max(L, 2))  # (rows, T)
-    mw = mask * weight.unsqueeze(1)
-    sharpness = (h * mw).sum() / mw.sum().clamp(min=1.0)
+    penalty = caption_penalties(output.alphas, output.mask)  # (rows,)
+    sharpness = attention_entropy(output.alphas, output.mask, weight)
     loss = (data_term + reinforce + entropy_term + alpha_c * (penalty * weight).sum() / n_tokens
             + alpha_entropy * sharpness)
     sampled_reward = ll[E:].sum(dim=1)  # (S*K,) log p(y | s, a) per sampled copy

@@ -377,10 +377,11 @@ def _is_consistent(values: dict) -> bool:
             for part in parents:
                 node = node.setdefault(part, {})
             node[last] = value
-        config_module.config_from_dict(cfg_dict)
+        config_module.check_read_keys(config_module.config_from_dict(cfg_dict))
         return True
     except ConfigError:
-        return False  # a cross-field rule (e.g. multi_head dim % heads) the draw happened to break
+        # a cross-field rule the draw happened to break (multi_head dim % heads; a key the run would not read)
+        return False
 
 
 @FEW

@@ -61,7 +61,10 @@ def test_smoke_run_writes_run_dir_and_loss_falls(data_root, tmp_path, fake_score
     # The cross-entropy falls (3.50, 3.16, 2.94); the total loss of hard attention also carries the
     # REINFORCE surrogate, which need not fall (6.97, 6.08, 7.08 since the decoder's fast paths).
     assert log[-1]["train_xe"] < log[0]["train_xe"] - 0.2
-    assert {"train_xe", "train_alpha_penalty", "val_loss", "BLEU-4", "CIDEr-D", "time_s", "step"} <= set(log[0])
+    assert {"train_xe", "train_alpha_penalty", "val_loss", "BLEU-4", "CIDEr-D", "time_s", "step",
+            "cells_per_caption", "cell_changes"} <= set(log[0])
+    assert log[-1]["cells_per_caption"] is None or 1 <= log[-1]["cells_per_caption"] <= 49  # None: no words
+    assert log[-1]["cell_changes"] is None or 0 <= log[-1]["cell_changes"] <= 1
     assert len(fake_scores) == 3 and len(fake_scores[0]) == 6  # every val image decoded each epoch
     payload = load_checkpoint(run_dir / "last.pt")  # weights_only load
     assert payload["epoch"] == 3 and payload["step"] == log[-1]["step"]
@@ -70,10 +73,12 @@ def test_smoke_run_writes_run_dir_and_loss_falls(data_root, tmp_path, fake_score
     assert load_config(run_dir / "config.yaml").train.epochs == 3
 
 
-@pytest.mark.parametrize("kind", ["soft", "hard"])
+@pytest.mark.parametrize("kind", ["soft", "hard", "hard-loo"])
 def test_resume_continues_exactly(data_root, tmp_path, fake_scores, kind):
-    straight = train(_cfg(data_root, tmp_path / "straight", f"model.attention.kind={kind}", "train.epochs=2"))
-    first = train(_cfg(data_root, tmp_path / "resumed", f"model.attention.kind={kind}", "train.epochs=1"))
+    sets = [f"model.attention.kind={kind.split('-')[0]}"] + (
+        ["train.hard.estimator=loo", "train.hard.samples=3", "train.alpha_c=0"] if kind == "hard-loo" else [])
+    straight = train(_cfg(data_root, tmp_path / "straight", *sets, "train.epochs=2"))
+    first = train(_cfg(data_root, tmp_path / "resumed", *sets, "train.epochs=1"))
     # A line an interrupted epoch 2 might have left behind must not survive the resume.
     with open(first / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"epoch": 2, "stale": True}) + "\n")
@@ -85,6 +90,8 @@ def test_resume_continues_exactly(data_root, tmp_path, fake_scores, kind):
     assert a["step"] == b["step"] and a["baseline"] == b["baseline"]
     if kind == "hard":
         assert isinstance(b["baseline"], float)
+    if kind == "hard-loo":  # no moving average: each caption's other samples are its baseline
+        assert b["baseline"] is None and "train_advantage_abs" in _metrics(first)[0]
     log = _metrics(first)
     assert [e["epoch"] for e in log] == [1, 2] and "stale" not in log[1]
     assert log[1]["train_loss"] == _metrics(straight)[1]["train_loss"]

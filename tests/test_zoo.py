@@ -68,8 +68,12 @@ def test_unk_is_forbidden_by_default_and_allowed_on_request(shipped):
     assert shipped.vocab.unk_id not in forbidden and forbidden
 
 
-def test_shipped_file_is_safetensors_small_and_loads_without_code():
-    weights = SHIPPED_DIR / f"{DEFAULT_MODEL}.safetensors"
+SHIPPED = sorted(available_models())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_file_is_safetensors_small_and_loads_without_code(name):
+    weights = SHIPPED_DIR / f"{name}.safetensors"
     size = weights.stat().st_size
     assert size <= MAX_BYTES, f"{size / 1e6:.1f} MB"
     raw = weights.read_bytes()
@@ -87,9 +91,13 @@ def _card_fields(text: str) -> dict[str, str]:
     return {m.group(1).strip(): m.group(2).strip() for m in re.finditer(r"^- ([^:]+): `([^`]*)`", section, re.M)}
 
 
-def test_fingerprint_matches_model_card(shipped):
-    meta = available_models()[DEFAULT_MODEL]
-    card = _card_fields((SHIPPED_DIR / f"{DEFAULT_MODEL}.md").read_text())
+@pytest.mark.parametrize("name", SHIPPED)
+def test_fingerprint_matches_model_card(name, shipped):
+    if name != DEFAULT_MODEL:
+        shipped = load_captioner(name)
+    meta = available_models()[name]
+    assert meta["attention"] == shipped.attention_kind
+    card = _card_fields((SHIPPED_DIR / f"{name}.md").read_text())
     fp = shipped.encoder.fingerprint()
     assert card["encoder"] == fp["name"] == meta["fingerprint"]["name"]
     assert card["encoder weights sha256"] == fp["weights_sha256"] == meta["fingerprint"]["weights_sha256"]
