@@ -442,8 +442,8 @@ def scst_loss(sample: Any, rewards: Tensor, baselines: Tensor, entropy_weight: f
     sample: a decoder SampleOutput of N = B·k rows (word and, for hard attention, location
         log-probabilities, 0 after each caption's end); rewards and baselines: (N,), detached.
     entropy_weight: λ_e, hard attention's entropy bonus on the location policy (Eq. 12's term, here
-        -λ_e times the mean of H[α_t] over the sampled words; the model would otherwise sharpen α
-        until every sample reads the same cell). Needs ``sample.location_entropies`` when nonzero.
+        -λ_e times the mean of H[α_t] over the sampled words, which keeps the location policy exploring).
+        Needs ``sample.location_entropies`` when nonzero.
     """
     advantage = (rewards - baselines).detach().float()  # (N,)
     log_p = sample.word_log_probs.sum(dim=1)  # (N,)
