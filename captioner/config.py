@@ -60,6 +60,7 @@ class DataConfig:
     use_cache: bool = True  # read cached grids when the encoder is frozen
     num_workers: int = 2
     max_failure_share: float = 0.05  # extraction stops when more images than this share are unreadable
+    mirror: bool = False  # also train on every training photo mirrored left-right ("left"/"right" swapped)
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
 

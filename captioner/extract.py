@@ -27,16 +27,21 @@ def _resolve_device(name: str) -> torch.device:
 
 
 def _split_records(data: Any, splits: str | None) -> tuple[list[str], list[Any]]:
-    """The records of the named splits; by default every split the data set has (a missing one is noted)."""
-    from captioner.data.datasets import EmptySplitError, load_records
+    """The records of the named splits; by default every split the data set has (a missing one is noted).
+    With ``data.mirror`` the training split's mirrored copies come too (training reads both)."""
+    from captioner.data.datasets import EmptySplitError, load_records, mirrored_records
+
+    def records_of(split: str) -> list[Any]:
+        records = load_records(data, split)
+        return records + mirrored_records(records) if data.mirror and split == "train" else records
 
     if splits is not None:  # asked for by name: a missing split is an error
         names = [s.strip() for s in splits.split(",") if s.strip()]
-        return names, [r for split in names for r in load_records(data, split)]
+        return names, [r for split in names for r in records_of(split)]
     names, records = [], []
     for split in ("train", "val", "test"):
         try:
-            records += load_records(data, split)
+            records += records_of(split)
             names.append(split)
         except EmptySplitError as err:
             print(f"note: skipping split {split!r}: {err}")

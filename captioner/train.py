@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 
 from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
                               save_config)
-from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions
+from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions, mirrored_records
 from captioner.data.vocab import Vocab
 from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
@@ -406,6 +406,8 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
         vocab = Vocab.from_dict((payload or init)["vocab"])
     else:
         vocab = build_vocab(train_records, cfg.data.min_count)
+    if cfg.data.mirror:  # after the vocabulary, which counts the photos' own captions
+        train_records = train_records + mirrored_records(train_records)
 
     seed_everything(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, vocab).to(device)

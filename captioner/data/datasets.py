@@ -17,6 +17,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,41 @@ class ImageRecord:
     captions: list[list[str]]  # tokens
     raw: list[str]  # the original caption strings (references for the metrics)
     objects: list[dict] = field(default_factory=list)  # shapes: {"name": shape word, "box": [x0, y0, x1, y1]}
+    mirrored: bool = False  # the image is read flipped left-right (data.mirror's training copies)
+
+
+# data.mirror: a training photo's mirrored copy is a record of its own, keyed <image_id>#mirror in the feature
+# cache (beside the original's grid, made by the same encoder), with "left" and "right" swapped in its captions.
+MIRROR_SUFFIX = "#mirror"
+_SWAPPED = {"left": "right", "right": "left"}
+_SWAP_RE = re.compile(r"\b(left|right)\b", re.IGNORECASE)
+
+
+def swap_left_right_tokens(tokens: Sequence[str]) -> list[str]:
+    """Tokens with "left" and "right" exchanged (what a caption says of the mirrored photo)."""
+    return [_SWAPPED.get(t, t) for t in tokens]
+
+
+def swap_left_right_text(text: str) -> str:
+    """A raw caption with the words left and right exchanged, keeping their capitalisation."""
+    def swap(m: re.Match) -> str:
+        word = _SWAPPED[m.group(0).lower()]
+        return word.capitalize() if m.group(0)[0].isupper() else word
+
+    return _SWAP_RE.sub(swap, text)
+
+
+def mirrored_records(records: Iterable[ImageRecord]) -> list[ImageRecord]:
+    """The left-right mirrored copy of each record: key ``<image_id>#mirror``, same file, captions swapped.
+    Object boxes are not carried over (they are read only on evaluation splits, which are never mirrored)."""
+    out = []
+    for r in records:
+        if r.mirrored:
+            raise ValueError(f"{r.image_id}: already a mirrored copy")
+        out.append(ImageRecord(image_id=r.image_id + MIRROR_SUFFIX, path=r.path,
+                               captions=[swap_left_right_tokens(c) for c in r.captions],
+                               raw=[swap_left_right_text(c) for c in r.raw], mirrored=True))
+    return out
 
 
 def _check_split(split: str) -> None:
@@ -407,7 +443,7 @@ class GridCaptionDataset(CaptionDataset):
     """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocab, max_length: int, cache: Any,
-                 per_image: bool = False, preload_bytes: int = 2 << 30) -> None:
+                 per_image: bool = False, preload_bytes: int = 4 << 30) -> None:
         missing = [r.image_id for r in records if r.image_id not in cache]
         if missing:
             raise DataError(f"feature cache lacks {len(missing)} images (e.g. {missing[:3]}); "
@@ -454,7 +490,8 @@ class _ImageLoader:
     def __call__(self, record: ImageRecord) -> torch.Tensor:
         from captioner.data.images import load_image
 
-        return self.transform(load_image(record.path))  # (3, S, S)
+        image = self.transform(load_image(record.path))  # (3, S, S)
+        return image.flip(-1) if record.mirrored else image
 
 
 def _pad_batch(inputs: torch.Tensor, captions: list[list[int]], indices: list[int], pad_id: int = 0) -> CaptionBatch:

