@@ -225,8 +225,9 @@ def format_table(result: dict, split: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
-    parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint file, run directory or shipped model name (e.g. flickr8k)")
+    parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
+                        help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
+                             "model name (e.g. flickr8k)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
