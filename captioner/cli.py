@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("captioner.train", "train a captioner from a config"),
     "caption": ("captioner.cli", "caption image files, globs or directories"),
     "evaluate": ("captioner.evaluate", "decode a split and score it (BLEU, METEOR, ROUGE-L, CIDEr-D, grounding)"),
+    "score": ("captioner.score", "score a COCO-format results file against Karpathy, COCO or captions-file references"),
     "extract": ("captioner.extract", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
     "export": ("captioner.zoo", "write a trained run as a Hub-style model folder (safetensors, config.json, card)"),

@@ -151,17 +151,18 @@ def _row(line: int, item: dict, image_col: str, caption_col: str, has_split: boo
     return CaptionRow(line, str(relative), caption.strip(), split)
 
 
-def _check_images(rows: list[CaptionRow], root: Path, bad: list[tuple[int, str]]) -> list[CaptionRow]:
-    """The rows whose image is readable and whose split agrees with the image's first row; the others go
-    to ``bad``. Each distinct image is probed once."""
+def _check_images(rows: list[CaptionRow], root: Path | None, bad: list[tuple[int, str]]) -> list[CaptionRow]:
+    """The rows whose image is readable (each distinct one probed once; all of them when ``root`` is None)
+    and whose split agrees with the image's first row; the others go to ``bad``."""
     problems: dict[str, str | None] = {}
     first_split: dict[str, tuple[str | None, int]] = {}
     kept = []
     for row in rows:
         if row.image not in problems:
             try:
-                probe_image(root / row.image)
                 problems[row.image] = None
+                if root is not None:
+                    probe_image(root / row.image)
             except ImageLoadError as err:
                 problems[row.image] = err.reason
         if problems[row.image] is not None:
@@ -176,9 +177,9 @@ def _check_images(rows: list[CaptionRow], root: Path, bad: list[tuple[int, str]]
 
 
 @lru_cache(maxsize=8)
-def _read_table(path: Path, root: Path, stamp: tuple[int, int]) -> CaptionTable:
-    """Read and check a captions file (cached on its modification time and size: the train, val and test
-    splits read it once)."""
+def _read_table(path: Path, root: Path | None, stamp: tuple[int, int]) -> CaptionTable:
+    """Read and check a captions file, its images too unless ``root`` is None (cached on the file's
+    modification time and size: the train, val and test splits read it once)."""
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"{path}: unknown captions file type {path.suffix!r} (valid: {', '.join(SUFFIXES)})")
@@ -221,6 +222,16 @@ def read_captions_table(path: str | Path, root: str | Path, max_failure_share: f
     if not table.rows:
         raise DataError(f"{table.path}: no rows")
     return table
+
+
+def read_caption_references(path: str | Path) -> CaptionTable:
+    """The rows of a captions file as references for scoring: the images themselves are not needed, so not
+    checked; bad rows are logged and skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"captions file not found: {path}")
+    stat = path.stat()
+    return _read_table(path.resolve(), None, (stat.st_mtime_ns, stat.st_size))
 
 
 def random_splits(images: list[str], val_share: float, test_share: float, seed: int) -> dict[str, str]:
