@@ -28,6 +28,7 @@ from captioner.losses import HARD_ESTIMATORS
 from captioner.optim import OPTIMIZERS
 from captioner.models.decoder import GATES
 from captioner.models.scorers import SCORERS
+from captioner.wblog import MODES as WANDB_MODES
 
 
 class ConfigError(ValueError):
@@ -165,7 +166,8 @@ class TrainConfig:
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
     log_every: int = 50
     tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/tblog.py
-    tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch
+    tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)
+    wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/wblog.py
     num_threads: int = 0  # 0 = torch default
 
 
@@ -203,6 +205,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.amp": ("none", "bf16", "fp16"),
     "train.objective": ("xe", "scst"),
     "train.tensorboard": ("auto", "on", "off"),
+    "train.wandb": WANDB_MODES,
     "train.scst.baseline": ("mean", "greedy"),
     "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
