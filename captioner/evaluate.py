@@ -224,7 +224,7 @@ def format_table(result: dict, split: str) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
     parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
                         help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
@@ -260,6 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results-file", default=None, metavar="PATH",
                         help='also write the captions as a COCO results file, [{"image_id", "caption"}] (what '
                              "COCO's evaluation server and pycocoevalcap read; `captioner score` scores it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.jpeg_quality is not None:
         try:

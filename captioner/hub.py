@@ -154,8 +154,8 @@ def card_metadata(meta: dict) -> dict:
     block: dict[str, Any] = {
         "library_name": "captioner",
         "pipeline_tag": "image-to-text",
-        "tags": ["image-captioning", "show-attend-and-tell", f"{meta['attention']}-attention", encoder.replace(":", "-"),
-                 "safetensors"],
+        "tags": ["image-captioning", "show-attend-and-tell", f"{meta['attention']}-attention",
+                 encoder.replace(":", "-"), "safetensors"],
         "datasets": [meta["dataset"]],
     }
     if scores:
@@ -320,5 +320,6 @@ def hub_model_folder(repo_id: str, revision: str | None = None) -> Path:
             f"{Path(cache) / ('models--' + repo_id.replace('/', '--'))} to this machine's cache (or set "
             f"HF_HUB_CACHE), or pass the path of a model folder") from None
     except (HfHubHTTPError, EntryNotFoundError, HFValidationError) as err:  # no such repository, file or revision
-        raise ModelFolderError(f"{repo_id}: cannot fetch it from the hub ({err})") from None
+        raise ModelFolderError(f"{repo_id}: no such file or folder, and fetching it from the hub failed ({err})"
+                               ) from None
     return Path(path).parent
