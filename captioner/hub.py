@@ -187,8 +187,8 @@ def _card_body(meta: dict) -> str:
     scores, context = card_scores(meta["scores"])
     fp = meta["fingerprint"]
     lines = [f"# {meta['name']}", "",
-             f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over a "
-             f"{fp['name']} {'x'.join(map(str, fp['grid_hw']))} grid, trained on {meta['dataset']}; "
+             f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over the "
+             f"{'x'.join(map(str, fp['grid_hw']))} grid of {fp['name']}, trained on {meta['dataset']}; "
              f"{meta['parameters']:,} parameters in {meta['dtype']}.", "",
              "```bash", f"captioner caption photo.jpg --model owner/{meta['name']}   # or this folder", "```", ""]
     if scores:

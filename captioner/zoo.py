@@ -98,6 +98,16 @@ def describe(name: str, meta: dict) -> str:
             + (f"; {context['split'] or 'val'} {score}" if score else ""))
 
 
+def _read_scores(path: Path) -> dict:
+    try:
+        scores = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err}); give the output of `captioner evaluate --out`") from None
+    if not isinstance(scores, dict):
+        raise ValueError(f"{path}: expected a JSON object of scores, got {type(scores).__name__}")
+    return scores
+
+
 def export_main(argv: Sequence[str] | None = None) -> int:
     """`captioner export --checkpoint RUN [--format hub] DIR [--name NAME] [--scores scores.json]`."""
     from captioner.hub import CARD_FILE, CONFIG_FILE, DTYPES, WEIGHTS_FILE
@@ -120,7 +130,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     from captioner.checkpoint import CheckpointError
 
     try:
-        scores = json.loads(Path(args.scores).read_text()) if args.scores else None
+        scores = _read_scores(Path(args.scores)) if args.scores else None
         folder = export_model(args.checkpoint, args.out, args.name, args.dtype, scores, args.dataset)
     except (CheckpointError, OSError, ValueError) as err:
         print(f"captioner export: {err}", file=sys.stderr)

@@ -130,6 +130,13 @@ def test_shipped_card_opens_with_the_hub_metadata_of_its_config(name):
     assert body.startswith(f"# {name}")
 
 
+def test_re_exporting_the_shipped_model_gives_its_weights_file_byte_for_byte(tmp_path):
+    out = tmp_path / DEFAULT_MODEL
+    assert cli_main(["export", "--checkpoint", DEFAULT_MODEL, str(out)]) == 0
+    assert (out / WEIGHTS_FILE).read_bytes() == (SHIPPED_DIR / DEFAULT_MODEL / WEIGHTS_FILE).read_bytes()
+    assert load_captioner(out).vocab.to_dict() == load_captioner(DEFAULT_MODEL).vocab.to_dict()
+
+
 def test_unknown_shipped_name_lists_the_shipped_ones():
     with pytest.raises(ShippedModelError, match=f"no shipped model named 'nope' \\(shipped: {DEFAULT_MODEL}"):
         load_shipped("nope")
