@@ -55,7 +55,8 @@ class DataConfig:
     captions: str = ""  # karpathy JSON / COCO captions JSON / Flickr8k.token.txt / CSV or JSONL ("" = format default)
     split_file: str = ""  # COCO: optional Karpathy JSON restricting the split; Flickr8k: folder of split lists
     restval: bool = True  # COCO Karpathy split: fold "restval" into train
-    # format captions, file without a split column: the seeded random split of its images
+    # format captions (its bad rows are skipped up to data.max_failure_share), a file without a split column:
+    # the seeded random split of its images
     val_share: float = 0.1  # share of the images held out for validation
     test_share: float = 0.1  # share of the images held out for test
     split_seed: int = 0
@@ -64,7 +65,7 @@ class DataConfig:
     features_dir: str = ""  # feature cache; "" = <root>/features/<encoder fingerprint>
     use_cache: bool = True  # read cached grids when the encoder is frozen
     num_workers: int = 2
-    max_failure_share: float = 0.05  # extraction, and reading format captions, stop past this share of bad rows
+    max_failure_share: float = 0.05  # extraction stops when more images than this share are unreadable
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
 
