@@ -5,6 +5,7 @@ The public Python API is deliberately tiny (CLIP-style)::
     from captioner import load_captioner
     model = load_captioner()                     # the shipped Flickr8k model (offline)
     model = load_captioner("runs/demo/best.pt")  # or a checkpoint / run directory
+    model = load_captioner("models/my-captioner")  # or a model folder (captioner export), or "owner/name"
     results = model.caption(["photo.jpg"], beam=3)
 """
 
@@ -12,8 +13,9 @@ __version__ = "0.1.0"
 
 
 def load_captioner(path=None, device: str = "cpu"):
-    """Load a trained captioner from a checkpoint file or run directory, or with no path (or a shipped
-    model's name such as "flickr8k") the pretrained model shipped with the package (see captioner/api.py)."""
+    """Load a trained captioner from a checkpoint file or run directory, a model folder (`captioner export`), a
+    hub model id ("owner/name", from huggingface_hub's local cache), or with no path (or a shipped model's name
+    such as "flickr8k") the pretrained model shipped with the package (see captioner/api.py)."""
     from captioner.api import load_captioner as _load
 
     return _load(path, device=device)

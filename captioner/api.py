@@ -31,7 +31,10 @@ class ImageCaptioner(Captioner):
 
     What ``build_model`` and ``load_captioner`` return: an ``nn.Module`` (training updates it, its
     state dict is the Captioner's) whose ``caption`` speaks words. ``shipped_name`` is set when it is
-    one of the models shipped with the package (captioner/zoo.py).
+    one of the models shipped with the package (captioner/zoo.py); ``pretrained_backbone`` says whether
+    its backbone holds the installed pretrained weights (a model folder then leaves them out).
+    ``save_pretrained`` / ``from_pretrained`` are the ecosystem's names for writing and reading a
+    Hub-style model folder (captioner/hub.py).
     """
 
     def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder, vocab: Vocab, config: Config,
@@ -41,6 +44,19 @@ class ImageCaptioner(Captioner):
         self.vocab = vocab
         self.config = config
         self.shipped_name: str | None = None
+        self.pretrained_backbone = has_installed_backbone(config)
+
+    def save_pretrained(self, directory: str | Path, **card: Any) -> Path:
+        """Write this model as a Hub-style folder (``captioner.hub.save_model_folder``: ``name``, ``dtype``,
+        ``scores``, ``dataset``); ``load_captioner(directory)`` reads it back."""
+        from captioner.hub import save_model_folder
+
+        return save_model_folder(self, directory, **card)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> "ImageCaptioner":
+        """``load_captioner``: a model folder, a hub id (owner/name), a shipped name or a checkpoint."""
+        return load_captioner(name_or_path, device=device)
 
     def words(self, hyp: Any) -> list[str]:
         """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
@@ -100,6 +116,12 @@ class ImageCaptioner(Captioner):
             "n_best": [{"caption": " ".join(w), "words": w, "score": float(h.score)}
                        for h, w in ((h, self.words(h)) for h in per_image)],
         }
+
+
+def has_installed_backbone(cfg: Config) -> bool:
+    """Whether the backbone's weights are the installed pretrained ones, never changed by training (a frozen
+    pretrained encoder): a model folder then leaves them out and rebuilds them from the installation."""
+    return cfg.model.encoder.pretrained and cfg.model.encoder.finetune_blocks == 0
 
 
 def decode_max_length(cfg: Config) -> int:
@@ -166,19 +188,29 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
 
 
 def load_captioner(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:
-    """Rebuild a captioner from a checkpoint (file, or run directory holding best.pt / last.pt), or
-    with no path or a shipped model's name (``"flickr8k"``) the pretrained model shipped with the
-    package (captioner/zoo.py).
+    """Rebuild a captioner from
 
-    The checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
+    - nothing, or a shipped model's name (``"flickr8k"``): the pretrained model shipped with the package
+      (captioner/zoo.py);
+    - a model folder (model.safetensors + config.json + README.md: ``captioner export``, captioner/hub.py);
+    - a hub model id, ``"owner/name"``, that is not a path: that model folder from huggingface_hub's local
+      cache, downloaded there first unless the hub is offline (``HF_HUB_OFFLINE=1``);
+    - a checkpoint file, or a run directory holding best.pt / last.pt.
+
+    A checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
     ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
     state dict is checked key by key, so a mismatch names the field that differs.
     """
     from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
+    from captioner.hub import hub_model_folder, is_model_folder, load_model_folder, looks_like_repo_id
     from captioner.zoo import is_shipped_name, load_shipped
 
     if path is None or is_shipped_name(str(path)):
         return load_shipped(None if path is None else str(path), device=device)
+    if is_model_folder(path):
+        return load_model_folder(path, device=device)
+    if looks_like_repo_id(str(path)):
+        return load_model_folder(hub_model_folder(str(path)), device=device)
     payload = load_checkpoint(path, map_location="cpu")
     for key in ("config", "vocab", "model"):
         if key not in payload:
@@ -187,6 +219,7 @@ def load_captioner(path: str | Path | None = None, device: str = "cpu") -> Image
         cfg = config_from_dict(payload["config"])
     except ValueError as err:
         raise CheckpointError(f"{path}: the stored config is invalid: {err}") from None
+    pretrained_backbone = has_installed_backbone(cfg)
     cfg.model.encoder.pretrained = False  # the weights come from the checkpoint; never touch the network
     try:
         vocab = Vocab.from_dict(payload["vocab"])
@@ -195,6 +228,7 @@ def load_captioner(path: str | Path | None = None, device: str = "cpu") -> Image
     model = build_model(cfg, vocab)
     check_state_dict(payload["model"], model.state_dict())
     model.load_state_dict(payload["model"])
+    model.pretrained_backbone = pretrained_backbone  # its backbone weights are the installed ones (exports omit them)
     model.to(device)
     model.eval()
     return model

@@ -20,9 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("captioner.train", "train a captioner from a config"),
     "caption": ("captioner.cli", "caption image files, globs or directories"),
     "evaluate": ("captioner.evaluate", "decode a split and score it (BLEU, METEOR, ROUGE-L, CIDEr-D, grounding)"),
+    "score": ("captioner.score", "score a COCO-format results file against Karpathy, COCO or captions-file references"),
     "extract": ("captioner.extract", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
-    "export": ("captioner.zoo", "write a trained run as a shipped model (safetensors + JSON)"),
+    "export": ("captioner.zoo", "write a trained run as a Hub-style model folder (safetensors, config.json, card)"),
     "config": ("captioner.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
     "serve": ("captioner.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
@@ -93,8 +94,9 @@ def _caption_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
     parser.add_argument("images", nargs="*", help="image files, globs or directories")
-    parser.add_argument("--checkpoint", default=None,
-                        help="checkpoint file, run directory or shipped model name (default: the shipped "
+    parser.add_argument("--model", "--checkpoint", dest="checkpoint", default=None,
+                        help="model folder, hub model id (owner/name, from the local Hugging Face cache), "
+                             "checkpoint file, run directory or shipped model name (default: the shipped "
                              "Flickr8k model; see --list-models)")
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
     parser.add_argument("--allow-unk", action="store_true",
@@ -121,7 +123,7 @@ def _caption_parser() -> argparse.ArgumentParser:
 
 
 def caption_main(argv: Sequence[str] | None = None) -> int:
-    """`captioner caption IMAGE... --checkpoint CKPT`: one caption per image; exit 1 if any failed."""
+    """`captioner caption IMAGE... [--model DIR | owner/name | CKPT]`: one caption per image; exit 1 if any failed."""
     parser = _caption_parser()
     args = parser.parse_args(argv)
     if args.list_models:

@@ -28,6 +28,7 @@ from captioner.losses import HARD_ESTIMATORS
 from captioner.optim import OPTIMIZERS
 from captioner.models.decoder import GATES
 from captioner.models.scorers import SCORERS
+from captioner.wblog import MODES as WANDB_MODES
 
 
 class ConfigError(ValueError):
@@ -49,11 +50,16 @@ class ShapesConfig:
 class DataConfig:
     """Where images and captions live, and how captions become token ids."""
 
-    format: str = "shapes"  # shapes | karpathy | coco | flickr8k
+    format: str = "shapes"  # shapes | karpathy | coco | flickr8k | captions (your own folder + CSV / JSON lines)
     root: str = "data/shapes"  # image directory (shapes: output directory of the generator)
-    captions: str = ""  # karpathy JSON / COCO captions JSON / Flickr8k.token.txt ("" = format default)
+    captions: str = ""  # karpathy JSON / COCO captions JSON / Flickr8k.token.txt / CSV or JSONL ("" = format default)
     split_file: str = ""  # COCO: optional Karpathy JSON restricting the split; Flickr8k: folder of split lists
     restval: bool = True  # COCO Karpathy split: fold "restval" into train
+    # format captions (its bad rows are skipped up to data.max_failure_share), a file without a split column:
+    # the seeded random split of its images
+    val_share: float = 0.1  # share of the images held out for validation
+    test_share: float = 0.1  # share of the images held out for test
+    split_seed: int = 0
     max_length: int = 20  # words per caption, longer ones are truncated (and counted)
     min_count: int = 1  # vocabulary threshold, counted on the training split only
     features_dir: str = ""  # feature cache; "" = <root>/features/<encoder fingerprint>
@@ -162,7 +168,8 @@ class TrainConfig:
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
     log_every: int = 50
     tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/tblog.py
-    tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch
+    tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)
+    wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/wblog.py
     num_threads: int = 0  # 0 = torch default
 
 
@@ -200,6 +207,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.amp": ("none", "bf16", "fp16"),
     "train.objective": ("xe", "scst"),
     "train.tensorboard": ("auto", "on", "off"),
+    "train.wandb": WANDB_MODES,
     "train.scst.baseline": ("mean", "greedy"),
     "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
@@ -222,7 +230,8 @@ NON_NEGATIVE = (
     "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images",
 )
 UNIT_INTERVAL = (
-    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "train.hard.baseline_decay",
+    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
+    "data.test_share", "train.hard.baseline_decay",
     "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
 )
 
@@ -314,10 +323,11 @@ def get_path(cfg: Any, path: str) -> Any:
 def unread_keys(cfg: Config) -> dict[str, str]:
     """The train keys this run's objective would not read (path -> why), by the attention kind
     (soft or hard), train.objective and train.hard.estimator: SCST's loss has no attention terms, only
-    hard attention has a location policy, and each estimator reads its own settings."""
+    hard attention has a location policy, and each estimator reads its own settings; and the data keys
+    its data.format would not read (``unread_data_keys``)."""
     hard = cfg.model.attention.attention == "hard"
     hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
-    unread: dict[str, str] = {}
+    unread: dict[str, str] = unread_data_keys(cfg)
     if cfg.train.objective == "scst":
         for key in ("train.alpha_c", "train.alpha_entropy"):
             unread[key] = "the SCST objective has no attention terms besides train.hard.entropy_weight"
@@ -336,6 +346,16 @@ def unread_keys(cfg: Config) -> dict[str, str]:
     else:
         unread["train.hard.baseline_decay"] = "the 'loo' estimator has no moving-average baseline"
     return unread
+
+
+def unread_data_keys(cfg: Config) -> dict[str, str]:
+    """The data keys this run's data.format would not read (path -> why): the random split's settings belong
+    to the captions format, which has no Karpathy split file or restval."""
+    if cfg.data.format == "captions":
+        why = "data.format captions takes its splits from the file's split column or data.val_share/test_share"
+        return {"data.split_file": why, "data.restval": why}
+    return {f"data.{key}": "only data.format captions splits images at random"
+            for key in ("val_share", "test_share", "split_seed")}
 
 
 def check_read_keys(cfg: Config) -> None:
@@ -366,6 +386,9 @@ def validate(cfg: Config) -> None:
         value = get_path(cfg, path)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
+    if cfg.data.val_share + cfg.data.test_share >= 1.0:
+        raise ConfigError(f"data.val_share + data.test_share must be < 1 (training needs images), got "
+                          f"{cfg.data.val_share} + {cfg.data.test_share}")
     if cfg.train.hard.estimator == "loo" and cfg.train.hard.samples < 2:
         raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:

@@ -1,4 +1,5 @@
-"""`captioner evaluate`: decode a split and score it.
+"""`captioner evaluate`: decode a split and score it (``--results-file``: also write the captions in COCO's
+results format, which `captioner score` and other tools score).
 
 Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
 reference captions, reported on the 0-100 scale with the split, beam width and
@@ -223,10 +224,11 @@ def format_table(result: dict, split: str) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
-    parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint file, run directory or shipped model name (e.g. flickr8k)")
+    parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
+                        help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
+                             "model name (e.g. flickr8k)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
@@ -255,6 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
+    parser.add_argument("--results-file", default=None, metavar="PATH",
+                        help='also write the captions as a COCO results file, [{"image_id", "caption"}] (what '
+                             "COCO's evaluation server and pycocoevalcap read; `captioner score` scores it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.jpeg_quality is not None:
         try:
@@ -295,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["split"] = split
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.results_file:
+        from captioner.results import write_results
+
+        n = write_results(args.results_file, records, result["predictions"])
+        print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=2))
     else:

@@ -264,9 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.models.attention import HARD_DECODING_MODES
 
     parser = argparse.ArgumentParser(prog="captioner serve", description=main.__doc__)
-    parser.add_argument("--checkpoint", default=None,
-                        help="checkpoint file, run directory or shipped model name (default: the shipped "
-                             "Flickr8k model)")
+    parser.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
+                        help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
+                             "model name (default: the shipped Flickr8k model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy); the page lists every beam")

