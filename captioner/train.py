@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from captioner.atomic import write_text_atomic
 from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
                               save_config)
 from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions
@@ -248,9 +249,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
 
 
 def _write_metrics(path: Path, entries: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(e) + "\n" for e in entries))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -602,7 +601,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             break
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / f"weights-rank{run.rank}.sha256").write_text(_weights_hash(run.model) + "\n")
+        write_text_atomic(run.run_dir / f"weights-rank{run.rank}.sha256", _weights_hash(run.model) + "\n")
     if run.writer is not None:
         run.writer.close()
     barrier(run.world)

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,25 +49,50 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def available_models(directory: Path = SHIPPED_DIR) -> dict[str, dict]:
-    """Shipped model name -> its metadata (the JSON file), for every complete pair of files."""
-    found = {}
-    for meta_path in sorted(directory.glob("*.json")):
+def read_metadata(meta_path: Path) -> dict:
+    """A shipped model's JSON metadata, or a ShippedModelError naming the file and what is wrong with it."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ShippedModelError(f"{meta_path}: unreadable model metadata ({err})") from None
+    except json.JSONDecodeError as err:
+        raise ShippedModelError(f"{meta_path}: unreadable model metadata, damaged: not valid JSON ({err}); reinstall "
+                                "captioner, or export the model again with `captioner export`") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise ShippedModelError(f"{meta_path}: not a {FORMAT} v{VERSION} file")
+    return meta
+
+
+def scan_models(directory: Path | None = None) -> tuple[dict[str, dict], dict[str, str]]:
+    """(name -> metadata of every complete pair of files, name -> why a pair is unusable) in ``directory``
+    (default: the package's): a weights file beside a JSON that cannot be read is damaged, not absent."""
+    found, damaged = {}, {}
+    for meta_path in sorted((SHIPPED_DIR if directory is None else Path(directory)).glob("*.json")):
         if not meta_path.with_suffix(".safetensors").is_file():
             continue
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(meta, dict) and meta.get("format") == FORMAT:
-            found[meta_path.stem] = meta
+            found[meta_path.stem] = read_metadata(meta_path)
+        except ShippedModelError as err:
+            damaged[meta_path.stem] = str(err)
+    return found, damaged
+
+
+def available_models(directory: Path | None = None) -> dict[str, dict]:
+    """Shipped model name -> its metadata (the JSON file), for every complete pair of files; a damaged
+    pair is left out with a warning that names its file."""
+    found, damaged = scan_models(directory)
+    for reason in damaged.values():
+        warnings.warn(f"captioner: shipped model left out: {reason}", RuntimeWarning, stacklevel=2)
     return found
 
 
 def resolve_name(name: str | None) -> str:
-    """The shipped model a name refers to (None = the default); raises naming what is available."""
+    """The shipped model a name refers to (None = the default); raises naming what is available, or the
+    file that keeps the named model from loading."""
     name = ALIASES.get(name or DEFAULT_MODEL, name or DEFAULT_MODEL)
-    models = available_models()
+    models, damaged = scan_models()
+    if name in damaged:
+        raise ShippedModelError(damaged[name])
     if name not in models:
         have = ", ".join(sorted(models)) or "none"
         raise ShippedModelError(f"no shipped model named {name!r} (shipped: {have}; aliases: "
@@ -84,6 +110,7 @@ def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPE
     """Write NAME.safetensors and NAME.json for the model in ``checkpoint`` (its trainable part)."""
     from safetensors.torch import save_file
 
+    from captioner.atomic import atomic_path, write_text_atomic
     from captioner.config import config_to_dict
     from captioner.api import load_captioner
 
@@ -101,7 +128,8 @@ def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPE
     # The fingerprint describes the weights as they will be loaded (a shipped backbone is rounded too).
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in tensors.items()}, strict=False)
     weights = out_dir / f"{name}.safetensors"
-    save_file(tensors, str(weights), metadata={"format": FORMAT, "name": name})
+    with atomic_path(weights) as tmp:  # a reader never meets half a file (its JSON names its SHA-256)
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "name": name})
     cfg = config_to_dict(model.config)
     cfg["model"]["encoder"]["pretrained"] = pretrained  # True: the backbone comes from the installed weights
     meta = {
@@ -112,7 +140,7 @@ def export_model(checkpoint: str | Path, name: str, out_dir: str | Path = SHIPPE
         "attention": model.attention_kind, "config": cfg, "vocab": model.vocab.to_dict(),
         "source_checkpoint": str(checkpoint), "scores": scores or {},
     }
-    (out_dir / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_text_atomic(out_dir / f"{name}.json", json.dumps(meta, indent=1) + "\n")
     return weights
 
 
@@ -130,12 +158,7 @@ def load_shipped(name: str | None = None, device: str = "cpu", directory: Path |
         name = resolve_name(name)
         directory = SHIPPED_DIR
     meta_path, weights = directory / f"{name}.json", directory / f"{name}.safetensors"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ShippedModelError(f"{meta_path}: unreadable model metadata ({err})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ShippedModelError(f"{meta_path}: not a {FORMAT} v{VERSION} file")
+    meta = read_metadata(meta_path)
     if not weights.is_file():
         raise ShippedModelError(f"{weights}: missing (the package is incomplete; reinstall it)")
     if _sha256(weights) != meta["weights_sha256"]:

@@ -134,3 +134,25 @@ def test_export_round_trip_and_damaged_files(tmp_path, smoke_checkpoint):
         load_shipped("tiny", directory=tmp_path)
     with pytest.raises(ShippedModelError, match="no shipped model named 'nope'"):
         load_shipped("nope")
+
+
+def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, monkeypatch, capsys):
+    """A truncated NAME.json beside its weights used to make the model vanish from available_models without
+    a word (the JSONDecodeError was swallowed); now the listing warns naming the file, loading the name says
+    why it cannot, and `caption --list-models` prints it and exits 1."""
+    import captioner.zoo as zoo
+
+    export_model(smoke_checkpoint, "tiny", tmp_path, dtype="float32")
+    export_model(smoke_checkpoint, "intact", tmp_path, dtype="float32")
+    meta = tmp_path / "tiny.json"
+    meta.write_text(meta.read_text()[:200])  # cut off mid-file, as by a full disk
+    with pytest.warns(RuntimeWarning, match=r"tiny\.json.*not valid JSON"):
+        models = available_models(tmp_path)
+    assert sorted(models) == ["intact"]
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path)
+    with pytest.raises(ShippedModelError, match=r"tiny\.json: unreadable model metadata"):
+        load_captioner("tiny")
+    assert load_captioner("intact").shipped_name == "intact"
+    assert cli_main(["caption", "--list-models"]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("intact:") and "tiny.json" in err and "not valid JSON" in err

@@ -361,13 +361,15 @@ def _detokenize(tokens: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`captioner shapes --out DIR [--n-train N] [--n-val N] [--n-test N] [--image-size S] [--seed S]`."""
+    from captioner.arguments import int_at_least
+
     parser = argparse.ArgumentParser(prog="captioner shapes", description="Generate the synthetic shapes data set.")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--n-train", type=int, default=3000)
-    parser.add_argument("--n-val", type=int, default=200)
-    parser.add_argument("--n-test", type=int, default=200)
-    parser.add_argument("--image-size", type=int, default=REFERENCE_SIZE)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-train", type=int_at_least(0), default=3000)
+    parser.add_argument("--n-val", type=int_at_least(0), default=200)
+    parser.add_argument("--n-test", type=int_at_least(0), default=200)
+    parser.add_argument("--image-size", type=int_at_least(32), default=REFERENCE_SIZE)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)
     existed = (args.out / JSON_NAME).is_file()
     before = (args.out / JSON_NAME).stat().st_mtime_ns if existed else None
