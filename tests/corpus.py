@@ -116,3 +116,21 @@ def make_bad_image_corpus(directory: str | Path) -> dict[str, Path]:
     Image.new("RGB", (8, 8), (200, 100, 0)).save(paths["uppercase_ext.JPG"], format="JPEG")
     Image.new("RGB", (8, 8), (0, 100, 200)).save(paths["png_named.jpg"], format="PNG")
     return paths
+
+
+def giant_16bit_png(width: int, height: int) -> bytes:
+    """A real, fully decodable 16-bit grayscale PNG of width x height with a horizontal gradient: large in
+    pixels, tiny on disk (the rows repeat, so zlib shrinks them ~1000x; the review's 9400x9400 was 172 kB).
+    Built row by row through a streaming compressor, so making it never holds the raw pixels."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\x00" + (np.linspace(0, 65535, width).astype(">u2")).tobytes()  # filter byte 0, then the samples
+    squeeze = zlib.compressobj(9)
+    rows_per_piece = max(1, (1 << 22) // len(row))
+    pieces = []
+    for top in range(0, height, rows_per_piece):
+        pieces.append(squeeze.compress(row * min(rows_per_piece, height - top)))
+    pieces.append(squeeze.flush())
+    header = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)  # 16-bit, grayscale, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(pieces)) + chunk(b"IEND", b"")
