@@ -2,50 +2,20 @@
 target is never opened for writing, a temp file beside it is renamed onto it, and a write that fails
 half-way leaves the previous file as it was.
 
-Seen through Python's audit events ("open" with a write mode or flags, "os.rename" which os.replace
-raises), so the tests hold whatever writer a function uses."""
+Seen through Python's audit events (tests/file_events.py: "open" with a write mode or flags, "os.rename"
+which os.replace raises), so the tests hold whatever writer a function uses."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from captioner.atomic import write_text_atomic
 from captioner.config import Config, load_config, save_config
-
-ROOT = Path(__file__).resolve().parents[1]
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_recording: list[list[tuple[str, str]]] = []  # the active recorder's (event, path) list, when one is active
-
-
-def _audit(event: str, args: tuple) -> None:
-    if not _recording:
-        return
-    if event == "open":
-        path, mode, flags = args
-        writes = (mode is not None and any(c in str(mode) for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
-        if writes and isinstance(path, (str, bytes, os.PathLike)):
-            _recording[-1].append(("write", os.path.abspath(os.fsdecode(path))))
-    elif event == "os.rename":
-        _recording[-1].append(("rename", os.path.abspath(os.fsdecode(args[1]))))
-
-
-sys.addaudithook(_audit)  # audit hooks cannot be removed: it records only inside `_file_events`
-
-
-@contextlib.contextmanager
-def _file_events():
-    events: list[tuple[str, str]] = []
-    _recording.append(events)
-    try:
-        yield events
-    finally:
-        _recording.pop()
+from file_events import file_events  # tests/file_events.py
 
 
 def _assert_atomic(events: list[tuple[str, str]], target: Path) -> None:
@@ -56,7 +26,7 @@ def _assert_atomic(events: list[tuple[str, str]], target: Path) -> None:
 
 def test_the_recorder_sees_an_in_place_write(tmp_path):
     target = tmp_path / "plain.txt"
-    with _file_events() as events:
+    with file_events() as events:
         target.write_text("x")
     assert ("write", os.path.abspath(target)) in events and not any(e == "rename" for e, _ in events)
 
@@ -64,7 +34,7 @@ def test_the_recorder_sees_an_in_place_write(tmp_path):
 def test_save_config_is_atomic(tmp_path):
     target = tmp_path / "config.yaml"
     save_config(Config(), target)  # a first version, as a resume finds it
-    with _file_events() as events:
+    with file_events() as events:
         save_config(load_config(None, ["train.epochs=7"]), target)
     _assert_atomic(events, target)
     assert load_config(target).train.epochs == 7
@@ -74,7 +44,7 @@ def test_metrics_log_and_vocabulary_are_atomic(tmp_path):
     from captioner.data.vocab import Vocab
     from captioner.train import _write_metrics
 
-    with _file_events() as events:
+    with file_events() as events:
         _write_metrics(tmp_path / "metrics.jsonl", [{"epoch": 1}, {"epoch": 2}])
         Vocab.build([["a", "cat"]]).save(tmp_path / "vocab.json")
     _assert_atomic(events, tmp_path / "metrics.jsonl")
@@ -85,7 +55,7 @@ def test_metrics_log_and_vocabulary_are_atomic(tmp_path):
 def test_export_writes_its_json_and_weights_atomically(tmp_path, smoke_checkpoint):
     from captioner.zoo import export_model, load_shipped
 
-    with _file_events() as events:
+    with file_events() as events:
         export_model(smoke_checkpoint, "tiny", tmp_path, dtype="float32")
     _assert_atomic(events, tmp_path / "tiny.json")
     _assert_atomic(events, tmp_path / "tiny.safetensors")
@@ -97,7 +67,7 @@ def test_evaluate_out_is_atomic(tmp_path, smoke_checkpoint):
     from captioner.evaluate import main as evaluate
 
     out = tmp_path / "result.json"
-    with _file_events() as events:
+    with file_events() as events:
         assert evaluate(["--checkpoint", str(smoke_checkpoint), "--data-root", str(tmp_path / "shapes"),
                          "--split", "val", "--max-images", "2", "--beam", "1", "--no-meteor",
                          "--tokenizer", "simple", "--no-cache", "--json", "--out", str(out)]) == 0
