@@ -23,15 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioner.atomic import write_text_atomic
 from captioner.data.vocab import tokenize
 
 SHAPES = ["circle", "square", "triangle", "star"]
@@ -139,14 +138,7 @@ def generate_shapes(
 
     dataset = {"dataset": "shapes", "params": params, "shapes": SHAPES, "colours": COLOURS, "sizes": SIZES,
                "images": entries}
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=JSON_NAME, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(dataset, separators=(",", ":")))  # dumps uses the C encoder; dump does not
-        os.replace(tmp, json_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(json_path, json.dumps(dataset, separators=(",", ":")))  # dumps: the C encoder; dump is not
     return json_path
 
 
