@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("captioner.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
 }
 
+# Commands that run until stopped, serving requests of any size from many threads: malloc keeping every
+# thread's freed memory (runtime.keep_freed_memory) would only let their memory grow.
+LONG_RUNNING = {"serve"}
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -59,9 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"captioner: unknown command {name!r} (valid: {', '.join(COMMANDS)})", file=sys.stderr)
         return 2
-    from captioner.runtime import keep_freed_memory
+    if name not in LONG_RUNNING:
+        from captioner.runtime import keep_freed_memory
 
-    keep_freed_memory()  # every command allocates the same large tensors again and again (runtime.py)
+        keep_freed_memory()  # every batch command allocates the same large tensors again and again (runtime.py)
     return int(_command(name)(rest) or 0)
 
 
