@@ -3,11 +3,11 @@
 Owns the on-disk format of everything `train.py` writes and `load_captioner` reads.
 A checkpoint is one `torch.save` file holding a plain dict:
 
-    {"format_version": 1, "model": state_dict, "optimizer": ..., "scheduler": ...,
+    {"format_version": 2, "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
      "rng": ..., "epoch": int, "step": int, "baseline": ..., "config": plain dict,
-     "vocab": Vocab.to_dict(), "metrics": dict}
+     "vocab": Vocab.to_dict(), "metrics": dict, "payload_sha256": str}
 
-Three guarantees, each tested in tests/test_checkpoint.py:
+Four guarantees, each tested in tests/test_checkpoint.py:
 
 - Saving is atomic. The bytes go to a hidden temp file in the target's directory
   (`.NAME.tmp-PID-RANDOM`), are fsync'ed, and `os.replace` swaps it onto the target, so
@@ -21,20 +21,28 @@ Three guarantees, each tested in tests/test_checkpoint.py:
 - Loading never runs code from the file (`weights_only=True`): a file whose unpickling
   would import a callable is refused, as are truncated, corrupted, foreign and
   newer-format files, each with an error naming the file and the reason.
+- A changed byte is refused. torch's zip container has no checksum over tensor data, so a
+  flipped bit inside a saved tensor would load silently with the changed value; every save
+  stores the SHA-256 of the payload's contents (`payload_digest`: keys, types, plain values,
+  tensors' dtype, shape and bytes) under "payload_sha256", and every load recomputes it.
+  Format 1 files (written before digests) still load, unchecked.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import re
-import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
 
-FORMAT_VERSION = 1
+from captioner.atomic import fsync_directory, temp_name
+
+FORMAT_VERSION = 2  # 2: the payload's SHA-256 is stored under DIGEST_KEY and checked on load
+DIGEST_KEY = "payload_sha256"
 
 # What `load_checkpoint` tries, in order, when given a run directory: the best
 # model is what inference wants; a run stopped before its first validation only has last.pt.
@@ -59,7 +67,8 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
-    """Write `payload` to `path` atomically; add "format_version" if it is absent.
+    """Write `payload` to `path` atomically, with "format_version" (the current format) and the
+    payload's digest under DIGEST_KEY added.
 
     The previous file at `path`, if any, stays intact until the new one is completely
     on disk (temp file in the same directory, fsync, os.replace, fsync of the directory).
@@ -73,7 +82,8 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     if not isinstance(payload, dict):
         raise CheckpointError(f"cannot save checkpoint {path}: payload must be a dict, got {type(payload).__name__}")
     payload = dict(payload)
-    payload.setdefault("format_version", FORMAT_VERSION)
+    payload.pop(DIGEST_KEY, None)
+    payload["format_version"] = FORMAT_VERSION  # the writer decides the format: it is what the digest vouches for
     problems = find_unsafe_values(payload)
     if problems:
         listed = "; ".join(problems)
@@ -82,6 +92,7 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
             "tuples, str, int, float, bool and None, so that torch.load(weights_only=True) "
             "reads it back; convert these values (e.g. numpy -> torch.from_numpy or .tolist())"
         )
+    payload[DIGEST_KEY] = payload_digest(payload)
 
     directory = path.parent
     try:
@@ -91,7 +102,7 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     # Same directory as the target so os.replace is a rename within one file system;
     # O_EXCL so two writers never share a temp file; mode 0o666 so the umask applies
     # as it would for an ordinary file (tempfile would force 0o600).
-    tmp = directory / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = temp_name(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as err:
@@ -110,21 +121,35 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
         if isinstance(err, (OSError, RuntimeError)):  # ENOSPC, EIO, torch's stream writer failures
             raise CheckpointError(f"cannot save checkpoint {path}: {err}") from err
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)  # the rename itself durable: a power cut cannot lose the new entry
 
 
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; without it a power cut can lose the new directory entry.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open directories; the rename is still atomic there
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def payload_digest(payload: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of a checkpoint payload's contents, DIGEST_KEY left out: every key, the type of every
+    value, plain values by repr, tensors by dtype, shape and bytes. Equal before a save and after its load;
+    any changed tensor element or value changes it."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in payload.items() if k != DIGEST_KEY})
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    kind = type(value)
+    if kind in _SAFE_TENSORS:
+        t = value.detach().cpu().contiguous()
+        digest.update(f"tensor {t.dtype} {tuple(t.shape)}:".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().data)  # the elements' bytes, as saved
+    elif kind in _SAFE_MAPPINGS:
+        digest.update(f"map {len(value)}:".encode())
+        for key, item in value.items():  # pickle keeps insertion order, so the load sees the same order
+            digest.update(f"{type(key).__name__} {key!r}=".encode())
+            _feed(digest, item)
+    elif kind in _SAFE_SEQUENCES:
+        digest.update(f"{kind.__name__} {len(value)}:".encode())
+        for item in value:
+            _feed(digest, item)
+    else:  # str, int, float, bool, None, dtype, device: repr round-trips each exactly
+        digest.update(f"{kind.__name__} {value!r};".encode())
 
 
 def find_unsafe_values(payload: Any, limit: int = _MAX_REPORTED) -> list[str]:
@@ -227,7 +252,25 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict:
                     "fully trust where it came from)"
                 ) from err
             raise CheckpointError(f"{path} is truncated or corrupted ({_first_line(err)})") from err
-    return _check_payload(payload, path)
+    payload = _check_payload(payload, path)
+    _check_digest(payload, path)
+    return payload
+
+
+def _check_digest(payload: dict, path: Path) -> None:
+    """Refuse a format-2 file whose contents differ from what its writer hashed; removes DIGEST_KEY so the
+    caller sees the payload as it was saved."""
+    if payload["format_version"] < 2:
+        return  # written before digests: nothing to check against
+    stored = payload.pop(DIGEST_KEY, None)
+    if not isinstance(stored, str):
+        raise CheckpointError(f"{path} is corrupted: a format {payload['format_version']} checkpoint must hold "
+                              f"its payload's SHA-256 under {DIGEST_KEY!r}, and this one does not")
+    if payload_digest(payload) != stored:
+        raise CheckpointError(
+            f"{path} is corrupted: its contents do not match the SHA-256 saved with them (a changed byte in a "
+            "tensor or value, from the disk, a copy or an edit); refusing to load it. Use an intact copy or "
+            "another checkpoint of the run (last.pt / best.pt)")
 
 
 def _forbidden_global(err: Exception) -> str | None:

@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("captioner.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
 }
 
+# Commands that run until stopped, serving requests of any size from many threads: malloc keeping every
+# thread's freed memory (runtime.keep_freed_memory) would only let their memory grow.
+LONG_RUNNING = {"serve"}
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -60,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"captioner: unknown command {name!r} (valid: {', '.join(COMMANDS)})", file=sys.stderr)
         return 2
-    from captioner.runtime import keep_freed_memory
+    if name not in LONG_RUNNING:
+        from captioner.runtime import keep_freed_memory
 
-    keep_freed_memory()  # every command allocates the same large tensors again and again (runtime.py)
+        keep_freed_memory()  # every batch command allocates the same large tensors again and again (runtime.py)
     return int(_command(name)(rest) or 0)
 
 
@@ -90,6 +95,7 @@ def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str
 
 
 def _caption_parser() -> argparse.ArgumentParser:
+    from captioner.arguments import int_at_least
     from captioner.models.attention import HARD_DECODING_MODES
 
     parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
@@ -103,9 +109,9 @@ def _caption_parser() -> argparse.ArgumentParser:
                         help="let captions contain <unk> (by default the search never chooses it)")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
                         help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
-    parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy)")
-    parser.add_argument("--n-best", type=int, default=1, help="captions to print per image")
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--beam", type=int_at_least(1), default=3, help="beam width (1 = greedy)")
+    parser.add_argument("--n-best", type=int_at_least(1), default=1, help="captions to print per image (<= --beam)")
+    parser.add_argument("--max-length", type=int_at_least(1), default=None,
                         help="most words per caption (default: the checkpoint's eval.max_length, or the "
                              "longest training caption)")
     parser.add_argument("--length-penalty", type=float, default=None,
@@ -116,7 +122,7 @@ def _caption_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
     parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     return parser
@@ -127,20 +133,20 @@ def caption_main(argv: Sequence[str] | None = None) -> int:
     parser = _caption_parser()
     args = parser.parse_args(argv)
     if args.list_models:
-        from captioner.zoo import available_models, describe
+        from captioner.zoo import describe, scan_models
 
-        models = available_models()
+        models, damaged = scan_models()
         for name, meta in models.items():
             print(describe(name, meta))
         if not models:
             print("no shipped models in this installation")
-        return 0
+        for reason in damaged.values():
+            print(f"captioner caption: shipped model left out: {reason}", file=sys.stderr)
+        return 1 if damaged else 0
     if not args.images:
         parser.error("give at least one image (or --list-models)")
-    if args.beam < 1 or args.n_best < 1 or args.n_best > args.beam:
-        parser.error("--beam must be >= 1 and 1 <= --n-best <= --beam")
-    if args.max_length is not None and args.max_length < 1:
-        parser.error("--max-length must be >= 1")
+    if args.n_best > args.beam:
+        parser.error(f"argument --n-best: must be <= --beam ({args.beam}), got {args.n_best}")
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.images import ImageLoadError, load_image

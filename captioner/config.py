@@ -527,7 +527,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write ``cfg`` as YAML, atomically (a resume reads this file: it must never be half written)."""
+    from captioner.atomic import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def add_config_arguments(parser: Any) -> None:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from captioner.arguments import float_at_least, int_at_least
+from captioner.atomic import write_text_atomic
 from captioner.config import add_config_arguments, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shapes.yaml"  # shipped with the package
@@ -79,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="captioner demo", description=__doc__.splitlines()[0])
     add_config_arguments(parser)
     parser.add_argument("--run-dir", default="runs/demo")
-    parser.add_argument("--time-budget", type=float, default=600.0,
+    parser.add_argument("--time-budget", type=float_at_least(0.0), default=600.0,
                         help="seconds of training at most (default 600)")
-    parser.add_argument("--n-captions", type=int, default=6, help="test images to caption with overlays")
+    parser.add_argument("--n-captions", type=int_at_least(0), default=6, help="test images to caption with overlays")
     parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--no-photos", action="store_true",
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         resume = str(run_dir) if (run_dir / "last.pt").exists() and not args.retrain else None
         train(cfg, resume=resume)
-        done_marker.write_text(json.dumps({"finished_at": time.time()}))
+        write_text_atomic(done_marker, json.dumps({"finished_at": time.time()}))
 
     print("[2/4] evaluating on the test split (greedy)")
     model = load_captioner(run_dir)
@@ -139,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_time_s": round(time.time() - t0, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     bleu4 = result["scores"].get("BLEU-4")
     grounding = result["grounding"]
     print(f"      test BLEU-4 {bleu4:.2f} | grounding "

@@ -20,7 +20,9 @@ import torch
 from tqdm import tqdm
 
 from captioner.api import load_captioner, reads_cached_grids
-from captioner.data.images import check_jpeg_quality
+from captioner.arguments import int_at_least
+from captioner.atomic import write_text_atomic
+from captioner.data.images import JPEG_QUALITIES, check_jpeg_quality
 from captioner.decode import decode_batches
 from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
@@ -235,23 +237,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
     parser.add_argument("--split", default=None, choices=("train", "val", "test"),
                         help="default: the checkpoint's eval.split")
-    parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's)")
+    parser.add_argument("--beam", type=int_at_least(1), default=None, help="beam width (default: the checkpoint's)")
     parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None)
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--max-length", type=int_at_least(1), default=None,
                         help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
     parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
                         help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
                              "simple; auto = ptb when Java is present, else treebank")
-    parser.add_argument("--max-images", type=int, default=0, help="score only the first N images (0 = all)")
+    parser.add_argument("--max-images", type=int_at_least(0), default=0,
+                        help="score only the first N images (0 = all)")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
     parser.add_argument("--instances", default=None,
                         help="COCO instances_*.json: also report attention grounding on instance masks")
     parser.add_argument("--no-cache", action="store_true",
                         help="encode every image even when the feature cache of this frozen encoder holds its grid")
-    parser.add_argument("--jpeg-quality", type=int, default=None, metavar="Q",
+    parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1), default=None, metavar="Q",
                         help="re-save every image as a JPEG of quality Q (1..95) in memory before the encoder sees "
                              "it (so never reads the feature cache): how steady are the captions under recompression?")
     parser.add_argument("--device", default="cpu")
@@ -266,11 +269,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.jpeg_quality is not None:
-        try:
-            check_jpeg_quality(args.jpeg_quality)
-        except ValueError as err:
-            parser.error(f"--jpeg-quality: {err}")
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
@@ -284,12 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_root:
         cfg.data.root = args.data_root
     split = args.split or cfg.eval.split
-    beam = args.beam or cfg.eval.beam_size
+    beam = cfg.eval.beam_size if args.beam is None else args.beam
     records = load_records(cfg.data, split)
     if args.max_images:
         records = records[: args.max_images]
-    if args.max_length is not None and args.max_length < 1:
-        parser.error("--max-length must be >= 1")
     try:
         tokenizer = resolve_tokenizer(args.tokenizer)
     except ValueError as err:
@@ -304,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             jpeg_quality=args.jpeg_quality)
     result["split"] = split
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_text_atomic(args.out, json.dumps(result, indent=2))
     if args.results_file:
         from captioner.results import write_results
 

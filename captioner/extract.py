@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from captioner.api import build_encoder_from_config
+from captioner.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
 from captioner.models.encoder import EncoderWeightsError
@@ -55,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--splits", default=None,
                         help="comma-separated splits (default: train, val and test, skipping a split the data set "
                              "does not have, such as Flickr8k's withheld test split)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: eval.batch_size")
-    parser.add_argument("--num-workers", type=int, default=None, help="default: data.num_workers")
+    parser.add_argument("--batch-size", type=int_at_least(1), default=None, help="default: eval.batch_size")
+    parser.add_argument("--num-workers", type=int_at_least(0), default=None, help="default: data.num_workers")
     parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser

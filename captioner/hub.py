@@ -33,6 +33,7 @@ import torch
 import yaml
 
 from captioner.api import ImageCaptioner, build_model
+from captioner.atomic import atomic_path, write_text_atomic
 from captioner.checkpoint import check_state_dict
 from captioner.config import config_from_dict, config_to_dict
 from captioner.data.vocab import Vocab
@@ -117,7 +118,8 @@ def save_model_folder(model: ImageCaptioner, directory: str | Path, name: str | 
     tensors = {k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
                for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
     weights = directory / WEIGHTS_FILE
-    save_file(tensors, str(weights), metadata={"format": FORMAT, "name": name})
+    with atomic_path(weights) as tmp:  # a reader never meets half a file (config.json names its SHA-256)
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "name": name})
     cfg = config_to_dict(model.config)
     cfg["model"]["encoder"]["pretrained"] = installed  # True: the backbone comes from the installed weights
     meta = {
@@ -128,7 +130,7 @@ def save_model_folder(model: ImageCaptioner, directory: str | Path, name: str | 
         "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
         "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
     }
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
     write_card(directory / CARD_FILE, meta)
     return directory
 
@@ -213,7 +215,7 @@ def write_card(path: Path, meta: dict) -> None:
     """README.md: the metadata block, then the card's own text (kept when the file exists, else generated)."""
     body = split_card(path.read_text())[1] if path.is_file() else _card_body(meta)
     block = yaml.safe_dump(card_metadata(meta), sort_keys=False, allow_unicode=True)
-    path.write_text(f"---\n{block}---\n\n{body}")
+    write_text_atomic(path, f"---\n{block}---\n\n{body}")
 
 
 # --------------------------------------------------------------------------- reading
@@ -224,7 +226,10 @@ def read_model_config(directory: Path) -> dict:
     path = directory / CONFIG_FILE
     try:
         meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except json.JSONDecodeError as err:
+        raise ModelFolderError(f"{path}: unreadable model config, damaged: not valid JSON ({err}); reinstall "
+                               "captioner, or export the model again with `captioner export`") from None
+    except (OSError, UnicodeDecodeError) as err:
         raise ModelFolderError(f"{path}: unreadable model config ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFolderError(f"{path}: not a captioner model (no \"format\": \"{FORMAT}\"); "

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from captioner.atomic import write_text_atomic
+
 COCO_FILE_NAME = r"(?:COCO_[A-Za-z]+\d*_)?(\d{12})"
 
 
@@ -36,7 +38,7 @@ def write_results(path: str | Path, records: Sequence[Any], predictions: dict[st
     results file; returns how many were written."""
     results = [{"image_id": results_image_id(r.image_id, r.path), "caption": predictions[r.image_id]}
                for r in records if r.image_id in predictions]
-    Path(path).write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(path, json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     return len(results)
 
 

@@ -8,7 +8,13 @@ the "argmax" or "sample" mode, the cell the decoder read (s_t, Sec. 4.1) is outl
 The page is one static HTML document with inline style and JavaScript, ``serve_page.html`` beside this
 module (no CDN, no external asset: it works offline). The server is FastAPI + uvicorn, an optional extra
 (``pip install 'captioner[serve]'``); ``create_app`` builds it around an already loaded captioner, so tests
-drive it with FastAPI's TestClient and any model. Decoding is CPU-bound, so requests take turns on one lock.
+drive it with FastAPI's TestClient and any model. Decoding is CPU-bound, so captions take turns on one lock.
+
+Strangers' bytes reach this server, so it bounds every request before it costs memory, disk or CPU
+(captioner/serve_limits.py; the list with each limit and its flag is docs/robustness.md): a Host check
+against DNS rebinding and an optional token, a small number of uploads in flight and waiting (503 with
+Retry-After beyond), the upload size enforced as the body streams in (413; uploads never touch the disk),
+and the pixel count checked from the image header before decoding (400).
 """
 
 import argparse
@@ -16,16 +22,19 @@ import base64
 import contextlib
 import html
 import io
+import os
+import secrets
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+from captioner.serve_limits import (LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES,
+                                    AdmissionGate, Refusal, RequestGuard, read_multipart_upload)
 
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")  # python-multipart imports as `multipart`
 INSTALL_HINT = "pip install 'captioner[serve]'"
-MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+TOKEN_ENV = "CAPTIONER_SERVE_TOKEN"  # `--token` without a value takes it from here (command lines are public)
 OVERLAY_OPACITY = 0.5
 OVERLAY_MAX_SIDE = 384  # pixels: the page shows overlays at this size, and smaller PNGs travel faster
 PAGE_FILE = "serve_page.html"  # beside this module: the page, its style and its script in one file
@@ -36,7 +45,7 @@ class MissingServePackages(RuntimeError):
 
 
 class UploadError(ValueError):
-    """An upload that cannot be captioned (empty, too large, not an image); answered with HTTP 400."""
+    """An upload that cannot be captioned (empty, too many pixels, not an image); answered with HTTP 400."""
 
 
 def require_serve_packages() -> None:
@@ -73,24 +82,18 @@ def png_data_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def read_upload(data: bytes, filename: str, max_bytes: int = MAX_UPLOAD_BYTES) -> Any:
-    """Uploaded bytes -> RGB PIL image through the project's one safe loader, or an UploadError naming
-    ``filename`` and the reason."""
-    from captioner.data.images import ImageLoadError, load_image
+def read_upload(data: bytes, filename: str, max_pixels: int = MAX_PIXELS) -> Any:
+    """Uploaded bytes -> RGB PIL image through the project's one safe loader, decoded in memory, or an
+    UploadError naming ``filename`` and the reason. The header's pixel count is checked against ``max_pixels``
+    before a pixel is decoded; a truncated or non-image file fails with its reason."""
+    from captioner.data.images import ImageLoadError, load_image_bytes
 
-    if not data:
-        raise UploadError(f"{filename!r} is empty (0 bytes)")
-    if len(data) > max_bytes:
-        raise UploadError(f"{filename!r} is larger than the {max_bytes // (1024 * 1024)} MiB this page accepts")
-    # load_image reads paths: it checks the header before decoding and decodes fully, so a bomb, a truncated
-    # or a non-image file fails here with its reason
-    with tempfile.TemporaryDirectory(prefix="captioner-serve-") as tmp:
-        path = Path(tmp) / ("upload" + Path(filename).suffix.lower()[:10])
-        path.write_bytes(data)
-        try:
-            return load_image(path)
-        except ImageLoadError as err:
-            raise UploadError(f"cannot read {filename!r} as an image: {err.reason}") from None
+    try:
+        return load_image_bytes(data, filename, max_pixels=max_pixels)
+    except ImageLoadError as err:
+        if not data:
+            raise UploadError(f"{filename!r} is empty (0 bytes)") from None
+        raise UploadError(f"cannot read {filename!r} as an image: {err.reason}") from None
 
 
 def caption_image(
@@ -150,6 +153,11 @@ def create_app(
     forbid_unk: bool = True,
     model_label: str = "",
     max_upload_bytes: int = MAX_UPLOAD_BYTES,
+    max_pixels: int = MAX_PIXELS,
+    max_in_flight: int = MAX_IN_FLIGHT,
+    max_queue: int = MAX_QUEUE,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    token: str | None = None,
 ) -> Any:
     """The FastAPI app of the demo page around a loaded captioner.
 
@@ -160,13 +168,19 @@ def create_app(
         attention_mode: hard attention's decoding mode (default: the model's); soft models ignore it.
         forbid_unk: never put <unk> in a caption.
         model_label: what the page says it is running (a checkpoint path, a shipped model's name).
-        max_upload_bytes: larger uploads are refused with HTTP 400.
+        max_upload_bytes: larger uploads are refused with HTTP 413 while they stream in.
+        max_pixels: images whose header declares more pixels are refused with HTTP 400, undecoded.
+        max_in_flight: uploads decoded and captioned at once.
+        max_queue: uploads waiting for a slot; beyond them the answer is 503 with Retry-After.
+        allowed_hosts: Host header names answered (others: HTTP 400, against DNS rebinding).
+        token: when given, every request must carry it (HTTP 401 otherwise); see serve_limits.RequestGuard.
     Routes: ``GET /`` the page, ``POST /api/caption`` (multipart field ``image``) the JSON of
-    ``caption_image``, ``GET /api/info`` the settings.
+    ``caption_image``, ``GET /api/info`` the settings. ``app.state.gate`` is the AdmissionGate.
     """
     require_serve_packages()
-    from fastapi import FastAPI, File, HTTPException, UploadFile
-    from fastapi.responses import HTMLResponse
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from starlette.concurrency import run_in_threadpool
 
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -176,7 +190,8 @@ def create_app(
     from captioner import visualize  # noqa: F401  (matplotlib's import, seconds, is paid here, not by the first photo)
 
     model.eval()
-    lock = threading.Lock()  # one decode at a time: each already uses every core
+    lock = threading.Lock()  # one caption at a time: each already uses every core
+    gate = AdmissionGate(max_in_flight, max_queue)
     info = {
         "model": model_label or type(model).__name__,
         "attention": model.attention_kind,
@@ -189,6 +204,13 @@ def create_app(
     }
     page = render_page(info)
     app = FastAPI(title="captioner demo", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gate = gate
+
+    def caption_upload(data: bytes, filename: str) -> dict:  # in a worker thread, inside a gate slot
+        pil = read_upload(data, filename, max_pixels)
+        with lock:
+            return caption_image(model, pil, beam=beam, n_best=n_best, attention_mode=attention_mode,
+                                 forbid_unk=forbid_unk)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
@@ -198,21 +220,25 @@ def create_app(
     def get_info() -> dict:
         return info
 
-    # a plain `def`: FastAPI runs it in a worker thread, so decoding never blocks the event loop
     @app.post("/api/caption")
-    def post_caption(image: UploadFile | None = File(None)) -> dict:
-        if image is None:
-            raise HTTPException(status_code=400, detail="no image uploaded (send it as the multipart field 'image')")
-        filename = image.filename or "upload"
+    async def post_caption(request: Request) -> Any:
         try:
-            pil = read_upload(image.file.read(max_upload_bytes + 1), filename, max_upload_bytes)
+            gate.admit()  # before a byte of the body is read: 503 at once when full
+        except Refusal as err:
+            return JSONResponse({"detail": err.detail}, status_code=err.status, headers=err.headers)
+        try:
+            filename, data = await read_multipart_upload(dict(request.headers), request.stream(), max_upload_bytes)
+            async with gate.slot():
+                result = await run_in_threadpool(caption_upload, data, filename)
+        except Refusal as err:
+            return JSONResponse({"detail": err.detail}, status_code=err.status, headers=err.headers)
         except UploadError as err:
-            raise HTTPException(status_code=400, detail=str(err)) from None
-        with lock:
-            result = caption_image(model, pil, beam=beam, n_best=n_best, attention_mode=attention_mode,
-                                   forbid_unk=forbid_unk)
+            return JSONResponse({"detail": str(err)}, status_code=400)
+        finally:
+            gate.leave()
         return {"filename": filename, **result}
 
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, token=token)  # every route, the page included
     return app
 
 
@@ -257,10 +283,8 @@ def render_page(info: dict) -> str:
     return page.replace("{{MODEL}}", html.escape(str(info["model"]))).replace("{{SETTINGS}}", html.escape(settings))
 
 
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`captioner serve`: the demo page on http://HOST:PORT/ (Ctrl-C stops it)."""
+def _parser() -> argparse.ArgumentParser:
+    from captioner.arguments import int_at_least
     from captioner.models.attention import HARD_DECODING_MODES
 
     parser = argparse.ArgumentParser(prog="captioner serve", description=main.__doc__)
@@ -268,19 +292,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
                              "model name (default: the shipped Flickr8k model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    parser.add_argument("--port", type=int, default=7860)
-    parser.add_argument("--beam", type=int, default=3, help="beam width (1 = greedy); the page lists every beam")
+    parser.add_argument("--port", type=int_at_least(1, 65535), default=7860)
+    parser.add_argument("--beam", type=int_at_least(1), default=3,
+                        help="beam width (1 = greedy); the page lists every beam")
     parser.add_argument("--allow-unk", action="store_true",
                         help="let captions contain <unk> (by default the search never chooses it)")
     parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None,
                         help="hard-attention decoding mode (default: the checkpoint's eval setting); "
                              "argmax and sample show the cell read per word")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    if args.beam < 1:
-        parser.error("--beam must be >= 1")
-    if not 0 < args.port < 65536:
-        parser.error("--port must be between 1 and 65535")
+    limits = parser.add_argument_group("limits (docs/robustness.md)")
+    limits.add_argument("--max-upload-mb", type=int_at_least(1), default=MAX_UPLOAD_BYTES // 2**20,
+                        help="larger uploads are refused with 413 as they stream in (default %(default)s)")
+    limits.add_argument("--max-pixels", type=int_at_least(1), default=MAX_PIXELS,
+                        help="images whose header declares more pixels are refused with 400 before decoding "
+                             "(default %(default)s)")
+    limits.add_argument("--max-in-flight", type=int_at_least(1), default=MAX_IN_FLIGHT,
+                        help="uploads decoded and captioned at once (default %(default)s)")
+    limits.add_argument("--max-queue", type=int_at_least(0), default=MAX_QUEUE,
+                        help="uploads waiting for a slot; beyond them: 503 with Retry-After (default %(default)s)")
+    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests whose Host header is NAME (default: only 127.0.0.1, "
+                             "localhost and --host; repeatable)")
+    limits.add_argument("--token", nargs="?", const="", default=None,
+                        help="require this token on every request (for a shared machine). Without a value: "
+                             f"${TOKEN_ENV}, else a random one; the address printed at start carries it")
+    return parser
+
+
+def _token(value: str | None) -> str | None:
+    """--token's value; bare, $CAPTIONER_SERVE_TOKEN or a fresh random token (other users see command lines)."""
+    if value is None:
+        return None
+    return value or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(18)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`captioner serve`: the demo page on http://HOST:PORT/ (Ctrl-C stops it)."""
+    args = _parser().parse_args(argv)
     try:
         require_serve_packages()
     except MissingServePackages as err:
@@ -299,10 +348,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     shipped = getattr(model, "shipped_name", None)
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
+    token = _token(args.token)
+    hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
     app = create_app(model, beam=args.beam, attention_mode=args.attention_mode, forbid_unk=not args.allow_unk,
-                     model_label=label)
-    print(f"captioner serve: http://{args.host}:{args.port}/ ({label}, beam {args.beam}); Ctrl-C stops it",
-          file=sys.stderr)
+                     model_label=label, max_upload_bytes=args.max_upload_mb * 2**20, max_pixels=args.max_pixels,
+                     max_in_flight=args.max_in_flight, max_queue=args.max_queue, allowed_hosts=hosts, token=token)
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"captioner serve: {url} ({label}, beam {args.beam}); Ctrl-C stops it", file=sys.stderr)
+    if args.host not in LOOPBACK_HOSTS and token is None:
+        print("captioner serve: listening beyond this machine without --token: anyone who can reach "
+              f"{args.host}:{args.port} can use it", file=sys.stderr)
+    if args.host in ("0.0.0.0", "::", "") and not args.allow_host:
+        print("captioner serve: only requests addressed to 127.0.0.1 or localhost are answered; add "
+              "--allow-host NAME for the name or address other machines use", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -14,8 +14,11 @@ baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12
   follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
   validation loss is logged, never used to choose.
 - ``last.pt`` after every epoch holds everything needed to continue bit for bit: weights,
-  optimizer, scheduler, every rank's RNG states, the hard-attention baseline and the metrics.
-  The shuffling order of epoch e depends only on (seed, e).
+  optimizer, scheduler, fp16's gradient scaler, every rank's RNG states, the hard-attention baseline
+  and the metrics. The shuffling order of epoch e depends only on (seed, e). ``--resume`` takes the
+  run's latest state only (its directory or last.pt: an earlier checkpoint such as best.pt would
+  rewrite metrics.jsonl without the later epochs; the refusal says how to branch a copy from it) and
+  the same number of processes (each rank's data shard and random streams depend on it).
 - DDP under torchrun: one process per device, DistributedSampler, rank 0 validates and writes;
   the REINFORCE baseline is updated from the all-reduced batch reward, so it is the same on
   every rank. Per-process batch size is ``train.batch_size``.
@@ -41,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from captioner.atomic import write_text_atomic
 from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
                               save_config)
 from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions, mirrored_records
@@ -60,6 +64,7 @@ log = logging.getLogger(__name__)
 # (how the DDP test checks the ranks stayed in lockstep).
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
 METRICS_FILE = "metrics.jsonl"
+LAST_CHECKPOINT = "last.pt"  # the run's latest state: what --resume continues from
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -248,9 +253,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
 
 
 def _write_metrics(path: Path, entries: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(e) + "\n" for e in entries))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -371,20 +374,56 @@ class _EpochStats:
     items: int  # examples this rank saw
 
 
-def _resume_payload(cfg: Config, resume: str | None) -> dict | None:
-    """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config."""
+def _resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
+    """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config,
+    the run's history and the number of processes."""
     from captioner.checkpoint import load_checkpoint
 
     if resume is None:
         return None
     resume_path = Path(resume)
-    ckpt_file = resume_path / "last.pt" if resume_path.is_dir() else resume_path
+    ckpt_file = resume_path / LAST_CHECKPOINT if resume_path.is_dir() else resume_path
     payload = load_checkpoint(ckpt_file)
+    _require_latest_state(ckpt_file, payload, resume)
+    _require_same_process_count(payload, world, resume)
     cfg.train.run_dir = str(ckpt_file.parent)
     _require_same_sections(payload["config"], cfg, f"--resume {resume}",
                            "resume with the run's own config.yaml (only train.* may change)")
     _check_resumed_schedule(payload["config"].get("train", {}), cfg.train, resume)
     return payload
+
+
+def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
+    """Refuse a checkpoint older than its run's last.pt: resuming from it would rewrite the metrics log from
+    its history, losing the later epochs. The message says how to branch a copy of the run from it."""
+    from captioner.checkpoint import load_checkpoint
+
+    latest = ckpt_file.parent / LAST_CHECKPOINT
+    if not latest.is_file() or latest.samefile(ckpt_file):
+        return
+    epoch, latest_epoch = int(payload["epoch"]), int(load_checkpoint(latest)["epoch"])
+    if epoch >= latest_epoch:
+        return  # the same state (best.pt written by the run's last epoch)
+    run_dir = ckpt_file.parent
+    branch = run_dir.with_name(f"{run_dir.name}-from-{ckpt_file.stem}")
+    raise TrainingError(
+        f"--resume {resume}: {ckpt_file.name} holds the state after epoch {epoch}, but the run went on to epoch "
+        f"{latest_epoch} ({latest}); resuming from it would rewrite {run_dir / METRICS_FILE} without epochs "
+        f"{epoch + 1}-{latest_epoch}. To continue the run, resume from its latest state: --resume {run_dir}. "
+        f"To continue from {ckpt_file.name} and keep this run's history, branch a copy: cp -r {run_dir} {branch} "
+        f"&& cp {ckpt_file} {branch / LAST_CHECKPOINT} && captioner train --resume {branch}")
+
+
+def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
+    """One saved RNG state per process: a resume with another count would share or drop streams, and the
+    data shards change with it, so it could not continue exactly."""
+    saved = len(payload["rng"]["ranks"])
+    if saved != world:
+        raise TrainingError(
+            f"--resume {resume}: the run was saved by {saved} process(es) and this resume runs {world}; each "
+            f"process's data shard and random streams depend on the count, so it cannot continue exactly. Resume "
+            f"with {saved} process(es) ({'no torchrun' if saved == 1 else f'torchrun --nproc_per_node={saved}'}), "
+            "or start a new run from its weights with --init")
 
 
 def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
@@ -396,7 +435,7 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
     rank, world, device = setup_distributed(t.device)
-    payload = _resume_payload(cfg, resume)
+    payload = _resume_payload(cfg, resume, world)
     train_records = load_split_records(cfg, "train", rank, world)
     val_records = load_split_records(cfg, "val", rank, world)
     if t.val_max_images:
@@ -432,6 +471,8 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
         _restore(run, payload)
     _open_run_dir(run)
     _prepare_steps(run)
+    if payload is not None:
+        _restore_scaler(run, payload)
     return run
 
 
@@ -442,8 +483,7 @@ def _restore(run: _Run, payload: dict) -> None:
     run.scheduler.load_state_dict(payload["scheduler"])
     run.progress = Progress.from_payload(payload)
     run.started -= run.progress.elapsed_s  # the time budget counts the run's earlier sessions too
-    rng_states = payload["rng"]["ranks"]
-    set_rng_state(rng_states[run.rank] if run.rank < len(rng_states) else rng_states[0])  # last: nothing draws after
+    set_rng_state(payload["rng"]["ranks"][run.rank])  # last: nothing draws after (one state per rank: checked)
     log.info("resuming %s after epoch %d (step %d)", run.run_dir, run.progress.epoch, run.progress.step)
 
 
@@ -477,7 +517,23 @@ def _prepare_steps(run: _Run) -> None:
         log.warning("train.amp=%s ignored: mixed precision runs on CUDA only", t.amp)
     if use_amp:
         run.amp = lambda: torch.autocast("cuda", dtype=AMP_DTYPES[t.amp])
-    run.scaler = torch.amp.GradScaler("cuda", enabled=use_amp and t.amp == "fp16")
+    run.scaler = _make_scaler(device, enabled=use_amp and t.amp == "fp16")
+
+
+def _make_scaler(device: torch.device, enabled: bool) -> torch.amp.GradScaler:
+    """fp16's loss scaler (a no-op when disabled); its state travels in the checkpoint."""
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+def _restore_scaler(run: _Run, payload: dict) -> None:
+    """The saved loss scale and growth tracker, so an fp16 resume scales as the uninterrupted run would. A
+    checkpoint without them (written with amp off, or before they were saved) leaves a fresh scaler."""
+    state = payload.get("scaler") or {}
+    if run.scaler.is_enabled() and state:
+        run.scaler.load_state_dict(state)
+    elif run.scaler.is_enabled():
+        log.warning("%s holds no gradient-scaler state: fp16 loss scaling restarts from its initial scale",
+                    run.run_dir / LAST_CHECKPOINT)
 
 
 def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
@@ -561,9 +617,10 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
     run.progress.elapsed_s = time.monotonic() - run.started
     ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(), "rng": {"ranks": rng}, "config": config_to_dict(run.cfg),
+            "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
+            "config": config_to_dict(run.cfg),
             "vocab": run.vocab.to_dict(), **run.progress.payload()}
-    save_checkpoint(run.run_dir / "last.pt", ckpt)
+    save_checkpoint(run.run_dir / LAST_CHECKPOINT, ckpt)
     if improved:
         save_checkpoint(run.run_dir / "best.pt", ckpt)
     _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
@@ -605,7 +662,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             break
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / f"weights-rank{run.rank}.sha256").write_text(_weights_hash(run.model) + "\n")
+        write_text_atomic(run.run_dir / f"weights-rank{run.rank}.sha256", _weights_hash(run.model) + "\n")
     if run.writer is not None:
         run.writer.close()
     barrier(run.world)

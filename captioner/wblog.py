@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from captioner.atomic import write_text_atomic
+
 MODES = ("off", "offline", "online")
 INSTALL_HINT = "pip install 'captioner[wandb]' (or pip install wandb)"
 RUN_ID_FILE = "wandb-run-id"
@@ -83,5 +85,5 @@ def open_wandb(run_dir: Path, mode: str, config: dict, resumed: bool = False) ->
         raise TrainingError(f"train.wandb={mode}: W&B did not start ({type(err).__name__}: {err}); "
                             + ("log in with `wandb login` or set WANDB_API_KEY, or use train.wandb=offline"
                                if mode == "online" else "or set train.wandb=off")) from None
-    id_file.write_text(run.id + "\n")
+    write_text_atomic(id_file, run.id + "\n")
     return WandbLog(run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,27 +29,39 @@ class ShippedModelError(ValueError):
     """No shipped model has the name asked for."""
 
 
-def available_models(directory: Path = SHIPPED_DIR) -> dict[str, dict]:
-    """Shipped model name -> its config.json, for every folder holding a captioner model."""
-    from captioner.hub import CONFIG_FILE, FORMAT, WEIGHTS_FILE
+def scan_models(directory: Path | None = None) -> tuple[dict[str, dict], dict[str, str]]:
+    """(name -> config.json of every model folder, name -> why a folder is unusable) in ``directory``
+    (default: the package's): a weights file beside a config.json that cannot be read is damaged, not absent."""
+    from captioner.hub import WEIGHTS_FILE, ModelFolderError, read_model_config
 
-    found = {}
-    for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
+    directory = SHIPPED_DIR if directory is None else Path(directory)
+    found, damaged = {}, {}
+    for folder in sorted(p for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []:
         if not (folder / WEIGHTS_FILE).is_file():
             continue
         try:
-            meta = json.loads((folder / CONFIG_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(meta, dict) and meta.get("format") == FORMAT:
-            found[folder.name] = meta
+            found[folder.name] = read_model_config(folder)
+        except ModelFolderError as err:
+            damaged[folder.name] = str(err)
+    return found, damaged
+
+
+def available_models(directory: Path | None = None) -> dict[str, dict]:
+    """Shipped model name -> its config.json, for every model folder; a damaged folder is left out with a
+    warning that names its file."""
+    found, damaged = scan_models(directory)
+    for reason in damaged.values():
+        warnings.warn(f"captioner: shipped model left out: {reason}", RuntimeWarning, stacklevel=2)
     return found
 
 
 def resolve_name(name: str | None) -> str:
-    """The shipped model a name refers to (None = the default); raises naming what is available."""
+    """The shipped model a name refers to (None = the default); raises naming what is available, or the
+    file that keeps the named model from loading."""
     name = ALIASES.get(name or DEFAULT_MODEL, name or DEFAULT_MODEL)
-    models = available_models()
+    models, damaged = scan_models()
+    if name in damaged:
+        raise ShippedModelError(damaged[name])
     if name not in models:
         have = ", ".join(sorted(models)) or "none"
         raise ShippedModelError(f"no shipped model named {name!r} (shipped: {have}; aliases: "

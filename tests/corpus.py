@@ -12,6 +12,7 @@ Everything is generated at test time with PIL, a few hundred bytes each, no netw
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
@@ -116,3 +117,24 @@ def make_bad_image_corpus(directory: str | Path) -> dict[str, Path]:
     Image.new("RGB", (8, 8), (200, 100, 0)).save(paths["uppercase_ext.JPG"], format="JPEG")
     Image.new("RGB", (8, 8), (0, 100, 200)).save(paths["png_named.jpg"], format="PNG")
     return paths
+
+
+@functools.lru_cache(maxsize=4)
+def giant_16bit_png(width: int, height: int) -> bytes:
+    """A real, fully decodable 16-bit grayscale PNG of width x height, every row the same left-to-right
+    gradient: large in pixels, tiny on disk (PNG's filters make the rows' bytes constant, which zlib shrinks
+    ~1000x; the review's 9400x9400 was 172 kB). Built through a streaming compressor, never holding the pixels."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    raw = np.frombuffer(np.linspace(0, 65535, width).astype(">u2").tobytes(), dtype=np.uint8)
+    first = b"\x01" + np.concatenate([raw[:2], raw[2:] - raw[:-2]]).tobytes()  # filter "Sub": left differences
+    same = b"\x02" + bytes(2 * width)  # filter "Up": equal to the row above
+    squeeze = zlib.compressobj(6)
+    pieces = [squeeze.compress(first)]
+    rows_per_piece = max(1, (1 << 22) // len(same))
+    for top in range(1, height, rows_per_piece):
+        pieces.append(squeeze.compress(same * min(rows_per_piece, height - top)))
+    pieces.append(squeeze.flush())
+    header = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)  # 16-bit, grayscale, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(pieces)) + chunk(b"IEND", b"")

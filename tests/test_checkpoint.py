@@ -23,12 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from captioner.checkpoint import (
+    DIGEST_KEY,
     FORMAT_VERSION,
     CheckpointError,
     check_state_dict,
     check_vocab,
     find_unsafe_values,
     load_checkpoint,
+    payload_digest,
     save_checkpoint,
 )
 
@@ -259,6 +261,52 @@ def test_flipped_bytes_inside_tensor_data_are_not_silently_accepted_as_other_err
     good.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
         load_checkpoint(good)
+
+
+def test_a_flipped_byte_inside_a_saved_tensor_is_refused_naming_the_file(tmp_path):
+    weights = torch.arange(1000, dtype=torch.float32)
+    path = tmp_path / "run" / "last.pt"
+    save_checkpoint(path, {"model": {"w": weights}, "step": 3})
+    data = bytearray(path.read_bytes())
+    at = bytes(data).find(weights.numpy().tobytes())
+    assert at >= 0  # torch's zip entries are stored, not compressed: the elements' bytes are in the file
+    data[at + 4 * 500 + 1] ^= 0x01  # one bit of element 500
+    path.write_bytes(bytes(data))
+    raw = torch.load(path, weights_only=True)  # torch reads the changed value without a word ...
+    assert raw["model"]["w"][500] != 500.0 and torch.equal(raw["model"]["w"][:500], weights[:500])
+    with pytest.raises(CheckpointError, match="corrupted: its contents do not match the SHA-256") as info:
+        load_checkpoint(path)  # ... the digest does not let it through
+    assert str(path) in str(info.value)
+
+
+def test_a_changed_plain_value_is_refused(tmp_path):
+    import struct
+
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": {}, "metrics": {"best": 0.123456789}})
+    data = path.read_bytes()
+    packed = struct.pack(">d", 0.123456789)  # pickle's BINFLOAT: 8 big-endian bytes
+    assert data.count(packed) == 1
+    path.write_bytes(data.replace(packed, struct.pack(">d", 0.987654321)))
+    assert torch.load(path, weights_only=True)["metrics"]["best"] == 0.987654321
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(path)
+
+
+def test_digest_is_checked_for_the_current_format_and_dropped_from_the_result(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, {"model": {"w": torch.ones(3)}, "format_version": 1})
+    loaded = load_checkpoint(path)
+    assert loaded["format_version"] == FORMAT_VERSION and DIGEST_KEY not in loaded
+    assert torch.load(path, weights_only=True)[DIGEST_KEY] == payload_digest(loaded)
+    stripped = torch.load(path, weights_only=True)
+    del stripped[DIGEST_KEY]
+    torch.save(stripped, path)  # a current-format file without its digest
+    with pytest.raises(CheckpointError, match=f"must hold its payload's SHA-256 under '{DIGEST_KEY}'"):
+        load_checkpoint(path)
+    stripped["format_version"] = 1  # written before digests: still loads
+    torch.save(stripped, path)
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(3))
 
 
 def test_not_a_captioner_checkpoint(tmp_path):

@@ -2,14 +2,18 @@
 
 import re
 import struct
+import subprocess
+import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from captioner.data.images import ImageLoadError, load_image
+from corpus import giant_16bit_png
 
 
 def _png_with_declared_size(path, width, height):
@@ -218,3 +222,66 @@ def test_jpeg_quality_outside_1_to_95_is_refused_by_name(quality):
     with pytest.raises(ValueError, match="JPEG quality"):
         reencode_jpeg(_fine_detail(8), quality)
     assert check_jpeg_quality(1) == 1 and check_jpeg_quality(95) == 95
+
+
+def _whole_image_reference(im: Image.Image) -> np.ndarray:
+    """The conversion as it was written before strips (whole-image int64 / float64 arrays): the expected
+    result of the strip-by-strip one."""
+    if im.mode == "F":
+        a = np.nan_to_num(np.asarray(im, dtype=np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        if a.min() >= 0.0 and a.max() <= 1.0:
+            a = a * 255.0
+    else:
+        a = np.asarray(im, dtype=np.int64)
+        if a.min() < 0 or a.max() > 65535:
+            lo, hi = int(a.min()), int(a.max())
+            a = (a - lo) * 255.0 / max(hi - lo, 1)
+        else:
+            a = a / 257.0
+    return np.clip(np.rint(a), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("kind", ["uint16", "int32-wide", "float-unit", "float-wide"])
+def test_wide_samples_convert_strip_by_strip_as_the_whole_image_would(kind, monkeypatch):
+    from captioner.data import images
+
+    rng = np.random.default_rng(len(kind))
+    if kind == "uint16":
+        im = Image.fromarray(rng.integers(0, 65536, (37, 23), dtype=np.uint16))  # I;16
+    elif kind == "int32-wide":
+        im = Image.fromarray(rng.integers(-70000, 300000, (37, 23)).astype(np.int32), mode="I")
+    else:
+        a = rng.random((37, 23), dtype=np.float32) * (1.0 if kind == "float-unit" else 900.0)
+        a[3, 4], a[5, 6] = np.nan, np.inf
+        im = Image.fromarray(a, mode="F")
+    monkeypatch.setattr(images, "_STRIP_PIXELS", 23 * 5)  # 5 rows a strip: 8 strips, the last one short
+    out = np.asarray(images._to_rgb(im))
+    assert out.shape == (37, 23, 3) and (out[..., 0] == out[..., 2]).all()
+    np.testing.assert_array_equal(out[..., 0], _whole_image_reference(im))
+
+
+def _peak_rss_growth_mb(path: Path) -> float:
+    """Peak resident memory (MB) that loading ``path`` adds, measured in a fresh process (Linux's VmHWM, the
+    high-water mark, against VmRSS before)."""
+    code = ("import re, sys\n"
+            "from captioner.data.images import load_image\n"
+            "def status(key):\n"
+            "    return int(re.search(key + r':\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)) / 1024\n"
+            "before = status('VmRSS')\n"
+            "load_image(sys.argv[1])\n"
+            "print(status('VmHWM') - before)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip())
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc/self/status")
+def test_a_16_bit_image_costs_no_whole_image_wide_copies(tmp_path):
+    """The 16-bit path made int64 and float64 copies of the whole image: about 30 bytes per pixel of peak
+    memory (the issue's 9400x9400 PNG of 172 kB: 2.36 GB). Decoded (2 bytes a pixel), converted to 8 bits
+    (1) and to RGB (3), it now needs well under 12."""
+    side = 3000
+    path = tmp_path / "wide.png"
+    path.write_bytes(giant_16bit_png(side, side))
+    assert path.stat().st_size < 200_000
+    growth = _peak_rss_growth_mb(path)
+    assert growth < 12 * side * side / 2**20, f"{growth:.0f} MB for {side}x{side} 16-bit pixels"

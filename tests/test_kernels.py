@@ -14,13 +14,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
+import warnings
 
 import pytest
 import torch
 
 from captioner import kernels
+from captioner.kernels import build
 from captioner.models.decoder import ShowAttendTellDecoder
 from captioner.models.scorers import AdditiveScorer
 from captioner.search import Logits, beam_search
@@ -277,18 +281,131 @@ def test_shape_dtype_or_device_mismatch_is_a_clear_error():
         kernels.additive_scores(torch.randn(4, 4).double(), torch.randn(2, 3, 4).double(), torch.randn(4).double())
 
 
-def test_library_is_built_once_per_source_and_cpu(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAPTIONER_KERNEL_CACHE", str(tmp_path))
-    compiler = os.environ.get("CC") or "cc"
-    first = kernels._build(compiler)
-    assert first.parent == tmp_path and first.exists()
-    assert list(tmp_path.iterdir()) == [first]  # no temporary files left behind
+@pytest.fixture
+def fresh_load(tmp_path, monkeypatch):
+    """kernels._library() and available() recomputed from scratch with the cache in tmp_path/cache (the
+    process's real library is loaded again by the next test that needs it)."""
+    monkeypatch.setenv("CAPTIONER_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CAPTIONER_REQUIRE_KERNELS", raising=False)
+    kernels._library.cache_clear()
+    kernels.available.cache_clear()
+    yield tmp_path / "cache"
+    kernels._library.cache_clear()
+    kernels.available.cache_clear()
 
-    def no_compiler(*args, **kwargs):
+
+def _compiler() -> str:
+    return build.find_compiler()
+
+
+def _cached_path(cache) -> "Path":
+    return build.library_path(cache, _compiler(), build.compiler_version(_compiler()))
+
+
+def _shared_library(tmp_path, name: str, source: str) -> "Path":
+    """Compile ``source`` (C) into tmp_path/name.so."""
+    c_file, so = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
+    c_file.write_text(source)
+    subprocess.run([_compiler(), "-shared", "-fPIC", str(c_file), "-o", str(so)], check=True)
+    return so
+
+
+def _planted(tmp_path, marker) -> "Path":
+    """A library whose constructor writes ``marker`` when it is loaded: what an attacker would plant."""
+    return _shared_library(tmp_path, "planted", "#include <stdio.h>\n"
+                           "__attribute__((constructor)) static void run(void) {\n"
+                           f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("ran", f); fclose(f); }}\n'
+                           "}\nvoid additive_scores(void) {}\n")
+
+
+def test_library_is_built_once_and_keyed_by_the_compiler_version(fresh_load, monkeypatch):
+    assert kernels.available()
+    cached = _cached_path(fresh_load)
+    assert [p.name for p in fresh_load.iterdir()] == [cached.name]  # no temporary files left behind
+    assert build.untrusted(fresh_load, directory=True) is None and build.untrusted(cached, directory=False) is None
+    version = build.compiler_version(_compiler())
+    assert version and build.library_path(fresh_load, _compiler(), version + " (upgraded)") != cached
+    calls = []
+
+    def no_build(cmd, timeout):
+        calls.append(cmd)
+        if cmd[1:] == ["--version"]:
+            return subprocess.CompletedProcess(cmd, 0, version + "\n", "")
         raise AssertionError("rebuilt although the library is cached")
 
-    monkeypatch.setattr(subprocess, "run", no_compiler)
-    assert kernels._build(compiler) == first
+    monkeypatch.setattr(build, "run_compiler", no_build)
+    kernels._library.cache_clear()
+    kernels._library()
+    assert calls == [[_compiler(), "--version"]]
+
+
+@pytest.mark.parametrize("where", ["directory", "file", "owner"])
+def test_a_library_planted_where_others_can_write_is_never_loaded(fresh_load, tmp_path, where):
+    """A file at the predictable cache path used to be loaded (and its constructor run) whoever put it there.
+    Now a cache directory or file writable by group or others, or owned by another user, is not used."""
+    if where == "owner" and os.getuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    marker = tmp_path / "constructor-ran"
+    fresh_load.mkdir(mode=0o700)
+    target = _cached_path(fresh_load)
+    shutil.copy(_planted(tmp_path, marker), target)
+    if where == "owner":
+        os.chown(target, 65534, -1)  # nobody
+    else:
+        (fresh_load if where == "directory" else target).chmod(0o777)
+    reason = "belongs to uid 65534" if where == "owner" else "writable by group or others"
+    with pytest.warns(RuntimeWarning, match=reason):
+        assert kernels.available()  # built elsewhere (a private directory) or afresh
+    assert not marker.exists(), "the planted library was loaded"
+    if where != "directory":  # the directory is ours: the rebuilt library replaced the planted one
+        assert build.untrusted(target, directory=False) is None and not target.read_bytes().count(b"constructor-ran")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing-symbol"])
+def test_a_cached_library_that_does_not_load_or_bind_is_rebuilt_once(fresh_load, tmp_path, damage):
+    """A corrupt cached file used to mean the PyTorch path forever, and one that loaded but lacked a function
+    raised AttributeError out of available(); now either is rebuilt, and the rebuilt file is cached."""
+    fresh_load.mkdir(mode=0o700)
+    target = _cached_path(fresh_load)
+    if damage == "garbage":
+        target.write_bytes(b"\x7fELF" + os.urandom(4000))
+    else:
+        shutil.copy(_shared_library(tmp_path, "partial", "void additive_scores(void) {}\n"), target)
+    target.chmod(0o755)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either: the rebuild just works
+        assert kernels.available()
+    fresh = tmp_path / "copy.so"  # another name: dlopen hands back an already loaded library of the same path
+    shutil.copy(target, fresh)
+    assert hasattr(build._load(fresh, kernels._bind), "lstm_cell")  # the cache now holds a working library
+
+
+def test_a_rebuild_that_fails_too_falls_back_with_one_warning(fresh_load, monkeypatch):
+    def broken_compile(compiler, out_dir):
+        out = out_dir / "fused.so"
+        out.write_bytes(b"not a shared library")
+        return out
+
+    monkeypatch.setattr(build, "_compile", broken_compile)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernels.available() is False
+        assert kernels.available() is False
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "fused CPU kernels are not used" in messages[0] and "does not load" in messages[0]
+    assert kernels.row_best_log_probs(torch.randn(3, 300), 2, []) is None  # callers take the PyTorch path
+
+
+def test_a_hanging_compiler_times_out(fresh_load, tmp_path, monkeypatch):
+    fake = tmp_path / "slow-cc"
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo slow-cc 1.0; exit 0; fi\nsleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv(build.BUILD_TIMEOUT_ENV, "1")
+    start = time.monotonic()
+    with pytest.raises(kernels.KernelUnavailable, match="timed out after 1 s"):
+        kernels._library()
+    assert time.monotonic() - start < 20
 
 
 def _fallback(env: dict) -> subprocess.CompletedProcess:

@@ -1,12 +1,15 @@
 """Resume and logging seams of the training loop: the logged learning rate, a resume that changes the
-schedule, and the time budget across a resume."""
+schedule, the time budget across a resume, a resume from an earlier checkpoint or with another process
+count (refused), and fp16's gradient scaler across a resume."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
@@ -52,3 +55,68 @@ def test_time_budget_counts_across_a_resume(data_root, tmp_path):
                  "--set", "train.epochs=2"]) == 0
     second = load_checkpoint(run / "last.pt")["elapsed_s"]
     assert second >= first + 0.9 * _log(run)[1]["time_s"]  # the second session adds to the first's time
+
+
+def _falling_scores(monkeypatch):
+    """Validation scores that fall every epoch, so best.pt stays at epoch 1 while last.pt moves on."""
+    import captioner.train as train_mod
+
+    calls = []
+
+    def score(predictions, references, meteor=False):
+        calls.append(1)
+        return {"BLEU-4": 50.0 - len(calls), "CIDEr-D": 50.0 - len(calls)}
+
+    monkeypatch.setattr(train_mod, "score_captions", score)
+
+
+def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_root, tmp_path, monkeypatch, capsys):
+    """`--resume RUN/best.pt` used to be accepted and rewrote metrics.jsonl from best.pt's history, losing the
+    later epochs. Now it is refused with the way to branch a copy, and following that way keeps both."""
+    _falling_scores(monkeypatch)
+    run = train(_cfg(data_root, tmp_path / "run", "train.epochs=2"))
+    assert load_checkpoint(run / "best.pt")["epoch"] == 1 and len(_log(run)) == 2
+    common = ["--set", f"data.root={data_root}", "--set", "train.num_threads=1", "--set", "train.epochs=3"]
+    assert main(["--resume", str(run / "best.pt"), *common]) == 1
+    err = capsys.readouterr().err
+    assert "best.pt holds the state after epoch 1, but the run went on to epoch 2" in err
+    assert f"--resume {run}." in err and "cp -r" in err
+    assert [e["epoch"] for e in _log(run)] == [1, 2]  # the run's history is untouched
+    branch = tmp_path / "run-from-best"
+    assert f"cp -r {run} {branch} && cp {run / 'best.pt'} {branch / 'last.pt'}" in err
+    shutil.copytree(run, branch)
+    shutil.copy(run / "best.pt", branch / "last.pt")
+    assert main(["--resume", str(branch), *common]) == 0
+    assert [e["epoch"] for e in _log(branch)] == [1, 2, 3]  # epochs 2 and 3 trained again from best.pt ...
+    assert [e["epoch"] for e in _log(run)] == [1, 2]  # ... and the original run keeps its own
+
+
+def test_resume_with_another_process_count_is_refused(data_root, tmp_path, monkeypatch, capsys):
+    """Resuming with more processes than were saved used to hand rank 0's RNG state to the new ranks."""
+    import captioner.train as train_mod
+
+    run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))
+    monkeypatch.setattr(train_mod, "setup_distributed", lambda device: (0, 2, torch.device("cpu")))
+    assert main(["--resume", str(run), "--set", f"data.root={data_root}", "--set", "train.epochs=2"]) == 1
+    err = capsys.readouterr().err
+    assert "saved by 1 process(es) and this resume runs 2" in err and "--init" in err
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+
+
+def test_resume_restores_the_gradient_scaler(data_root, tmp_path, monkeypatch):
+    """fp16's loss scaler (here an enabled CPU GradScaler standing in for CUDA's, with a scale that doubles
+    every two steps) is saved and restored: 1 + resume + 1 epochs end with the scale, growth tracker and
+    weights of 2 straight epochs. Before, the scaler was not saved and restarted from its initial scale."""
+    import captioner.train as train_mod
+
+    monkeypatch.setattr(train_mod, "_make_scaler",
+                        lambda device, enabled: torch.amp.GradScaler("cpu", init_scale=2.0, growth_interval=2))
+    straight = train(_cfg(data_root, tmp_path / "straight", "train.epochs=2"))
+    first = train(_cfg(data_root, tmp_path / "resumed", "train.epochs=1"))
+    halfway = load_checkpoint(first / "last.pt")["scaler"]
+    assert halfway["scale"] > 2.0  # the scale has moved: restarting it would show
+    assert main(["--resume", str(first), "--set", "train.epochs=2"]) == 0
+    a, b = load_checkpoint(straight / "last.pt"), load_checkpoint(first / "last.pt")
+    assert a["scaler"] == b["scaler"] and b["scaler"]["scale"] > halfway["scale"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key

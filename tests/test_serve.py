@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
+def _client(app) -> TestClient:
+    """FastAPI's test client addressed as 127.0.0.1 (its default Host, "testserver", is refused)."""
+    return TestClient(app, base_url="http://127.0.0.1")
+
+
 def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -51,14 +56,14 @@ def astronaut():
 
 @pytest.fixture(scope="module")
 def astronaut_result(shipped, astronaut):
-    client = TestClient(create_app(shipped, beam=3))
+    client = _client(create_app(shipped, beam=3))
     response = client.post("/api/caption", files={"image": ("astronaut.png", _png_bytes(astronaut), "image/png")})
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def test_page_is_one_self_contained_document(shipped):
-    client = TestClient(create_app(shipped, beam=3, model_label="flickr8k_soft (shipped)"))
+    client = _client(create_app(shipped, beam=3, model_label="flickr8k_soft (shipped)"))
     response = client.get("/")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     page = response.text
@@ -116,7 +121,7 @@ def _hard_model():
 def test_hard_attention_reports_the_cell_read_per_word():
     model = _hard_model()
     image = Image.new("RGB", (64, 48), (200, 30, 30))
-    client = TestClient(create_app(model, beam=2, attention_mode="argmax"))
+    client = _client(create_app(model, beam=2, attention_mode="argmax"))
     assert "hard attention (argmax decoding)" in client.get("/").text
     response = client.post("/api/caption", files={"image": ("red.png", _png_bytes(image), "image/png")})
     assert response.status_code == 200, response.text
@@ -141,21 +146,21 @@ def test_hard_attention_reports_the_cell_read_per_word():
 def test_bad_uploads_are_400_with_a_message(shipped, astronaut, filename, payload, reason):
     if payload == "truncated":
         payload = _png_bytes(astronaut)[:4000]
-    client = TestClient(create_app(shipped, beam=1))
+    client = _client(create_app(shipped, beam=1))
     response = client.post("/api/caption", files={"image": (filename, payload, "image/png")})
     assert response.status_code == 400
     detail = response.json()["detail"]
     assert filename in detail and reason in detail
 
 
-def test_missing_and_oversized_uploads_are_400(shipped):
-    client = TestClient(create_app(shipped, beam=1, max_upload_bytes=1000))
+def test_missing_upload_is_400_and_oversized_413(shipped):
+    client = _client(create_app(shipped, beam=1, max_upload_bytes=1000))
     response = client.post("/api/caption")
     assert response.status_code == 400 and "no image uploaded" in response.json()["detail"]
     big = _png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)))
     assert len(big) > 1000
     response = client.post("/api/caption", files={"image": ("big.png", big, "image/png")})
-    assert response.status_code == 400 and "larger than" in response.json()["detail"]
+    assert response.status_code == 413 and "'big.png' is larger than" in response.json()["detail"]
 
 
 def test_create_app_checks_its_arguments(shipped):
@@ -181,7 +186,7 @@ def test_serve_command_loads_a_run_and_serves_it(smoke_checkpoint, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.update(app=app, **kwargs))
     assert main(["--checkpoint", str(smoke_checkpoint), "--port", "7861", "--beam", "2", "--allow-unk"]) == 0
     assert served["host"] == "127.0.0.1" and served["port"] == 7861
-    info = TestClient(served["app"]).get("/api/info").json()
+    info = _client(served["app"]).get("/api/info").json()
     assert info["model"] == str(smoke_checkpoint) and info["beam"] == 2 and info["forbid_unk"] is False
 
 

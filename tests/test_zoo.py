@@ -16,7 +16,7 @@ from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
 from captioner.api import load_captioner
 from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, split_card
-from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, load_shipped
+from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, export_model, load_shipped
 
 PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}
@@ -130,13 +130,44 @@ def test_shipped_card_opens_with_the_hub_metadata_of_its_config(name):
     assert body.startswith(f"# {name}")
 
 
+def _safetensors_parts(path: Path) -> tuple[dict, bytes]:
+    """(parsed header, tensor bytes) of a safetensors file: the header's metadata map has no fixed order."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
 def test_re_exporting_the_shipped_model_gives_its_weights_file_byte_for_byte(tmp_path):
     out = tmp_path / DEFAULT_MODEL
     assert cli_main(["export", "--checkpoint", DEFAULT_MODEL, str(out)]) == 0
-    assert (out / WEIGHTS_FILE).read_bytes() == (SHIPPED_DIR / DEFAULT_MODEL / WEIGHTS_FILE).read_bytes()
+    header, tensors = _safetensors_parts(out / WEIGHTS_FILE)
+    shipped_header, shipped_tensors = _safetensors_parts(SHIPPED_DIR / DEFAULT_MODEL / WEIGHTS_FILE)
+    assert header == shipped_header and tensors == shipped_tensors
     assert load_captioner(out).vocab.to_dict() == load_captioner(DEFAULT_MODEL).vocab.to_dict()
 
 
 def test_unknown_shipped_name_lists_the_shipped_ones():
     with pytest.raises(ShippedModelError, match=f"no shipped model named 'nope' \\(shipped: {DEFAULT_MODEL}"):
         load_shipped("nope")
+
+
+def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, monkeypatch, capsys):
+    """A truncated config.json beside its weights used to make the model vanish from available_models without
+    a word (the JSONDecodeError was swallowed); now the listing warns naming the file, loading the name says
+    why it cannot, and `caption --list-models` prints it and exits 1."""
+    import captioner.zoo as zoo
+
+    export_model(smoke_checkpoint, tmp_path / "tiny", dtype="float32")
+    export_model(smoke_checkpoint, tmp_path / "intact", dtype="float32")
+    meta = tmp_path / "tiny" / CONFIG_FILE
+    meta.write_text(meta.read_text()[:200])  # cut off mid-file, as by a full disk
+    with pytest.warns(RuntimeWarning, match=r"tiny/config\.json.*not valid JSON"):
+        models = available_models(tmp_path)
+    assert sorted(models) == ["intact"]
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path)
+    with pytest.raises(ShippedModelError, match=r"tiny/config\.json: unreadable model config"):
+        load_captioner("tiny")
+    assert load_captioner("intact").shipped_name == "intact"
+    assert cli_main(["caption", "--list-models"]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("intact") and "tiny/config.json" in err and "not valid JSON" in err

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.atomic import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 GRIDS_FILE = "grids.f16"
@@ -40,12 +42,7 @@ class FeatureCacheError(RuntimeError):
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # readers see the old file or the new one, never a mix
+    write_text_atomic(path, json.dumps(data))  # readers see the old file or the new one, never a mix
 
 
 def _read_json(path: Path) -> Any:

@@ -23,15 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioner.atomic import write_text_atomic
 from captioner.data.vocab import tokenize
 
 SHAPES = ["circle", "square", "triangle", "star"]
@@ -139,14 +138,7 @@ def generate_shapes(
 
     dataset = {"dataset": "shapes", "params": params, "shapes": SHAPES, "colours": COLOURS, "sizes": SIZES,
                "images": entries}
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=JSON_NAME, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(dataset, separators=(",", ":")))  # dumps uses the C encoder; dump does not
-        os.replace(tmp, json_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(json_path, json.dumps(dataset, separators=(",", ":")))  # dumps: the C encoder; dump is not
     return json_path
 
 
@@ -361,13 +353,15 @@ def _detokenize(tokens: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`captioner shapes --out DIR [--n-train N] [--n-val N] [--n-test N] [--image-size S] [--seed S]`."""
+    from captioner.arguments import int_at_least
+
     parser = argparse.ArgumentParser(prog="captioner shapes", description="Generate the synthetic shapes data set.")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--n-train", type=int, default=3000)
-    parser.add_argument("--n-val", type=int, default=200)
-    parser.add_argument("--n-test", type=int, default=200)
-    parser.add_argument("--image-size", type=int, default=REFERENCE_SIZE)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-train", type=int_at_least(0), default=3000)
+    parser.add_argument("--n-val", type=int_at_least(0), default=200)
+    parser.add_argument("--n-test", type=int_at_least(0), default=200)
+    parser.add_argument("--image-size", type=int_at_least(32), default=REFERENCE_SIZE)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)
     existed = (args.out / JSON_NAME).is_file()
     before = (args.out / JSON_NAME).stat().st_mtime_ns if existed else None

@@ -11,9 +11,7 @@ vocabulary built from the same captions never depend on the order the captions a
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -148,17 +146,10 @@ class Vocab:
         return cls(d["words"], min_count=min_count)
 
     def save(self, path: str | Path) -> None:
-        """Write JSON atomically (temp file + rename) so a crash never leaves half a vocabulary."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write JSON atomically (captioner/atomic.py) so a crash never leaves half a vocabulary."""
+        from captioner.atomic import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "Vocab":

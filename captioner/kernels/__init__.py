@@ -13,90 +13,30 @@ instead of about ten ops. Whole runs, in-process A/B: training 1.04-1.09x, beam 
 the bias and 1.04x for the cell (README, Performance). The PyTorch code in scorers.py, search.py and
 decoder.py stays the reference and the fallback, and tests/test_kernels.py compares the two.
 
-The library is compiled once per source, flags and CPU into ``$CAPTIONER_KERNEL_CACHE`` (default
-``~/.cache/captioner/kernels``) with ``$CC`` (default ``cc``), with -march=native (hence the CPU in the
-cache key: a home directory shared by machines of different CPUs gets one build per CPU). When there is
-no compiler, the build fails, or the platform lacks glibc's vector math library (libmvec), the PyTorch
-path runs and one warning says why. ``CAPTIONER_KERNELS=0`` turns the kernels off;
-``CAPTIONER_REQUIRE_KERNELS=1`` (CI) makes their absence an error.
+The library is compiled at first use with ``$CC`` (default ``cc``) and -march=native, and cached per source,
+flags, compiler version and CPU; kernels/build.py owns how (the cache is used only when nobody else can write
+to it, a library that does not load or bind is rebuilt once, the compiler has a timeout). When there is no
+compiler, the build fails, or the platform lacks glibc's vector math library (libmvec), the PyTorch path runs
+and one warning says why. ``CAPTIONER_KERNELS=0`` turns the kernels off; ``CAPTIONER_REQUIRE_KERNELS=1`` (CI)
+makes their absence an error.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("fused.c")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC")
-_LDFLAGS = ("-shared", "-fopenmp", "-lm")  # no -ffast-math anywhere: it would change the process's float modes
+from captioner.kernels.build import KernelUnavailable, find_compiler, load_library
+
 _C_INT64, _C_PTR = ctypes.c_int64, ctypes.c_void_p
 
 
-class KernelUnavailable(RuntimeError):
-    """The fused kernels could not be built or loaded (the message says why)."""
-
-
-def _cpu_tag() -> str:
-    """The CPU's model and feature flags (what -march=native compiles for)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine() + platform.processor()
-    keep = [line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))]
-    return platform.machine() + "\n".join(sorted(set(keep)))
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("CAPTIONER_KERNEL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "captioner" / "kernels"
-
-
-def _build(compiler: str) -> Path:
-    """The shared library for this source, flags and CPU: built into the cache unless already there."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((compiler, CFLAGS, _LDFLAGS)).encode() + _cpu_tag().encode()).hexdigest()[:16]
-    cache = _cache_dir()
-    library = cache / f"fused-{key}.so"
-    if library.exists():
-        return library
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        obj, out = Path(tmp) / "fused.o", Path(tmp) / "fused.so"
-        for cmd in ([compiler, *CFLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                    [compiler, str(obj), *_LDFLAGS, "-o", str(out)]):
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise KernelUnavailable(f"`{' '.join(cmd)}` failed:\n{proc.stderr.strip()[-2000:]}")
-        os.replace(out, library)  # atomic: concurrent builders leave one complete file
-    return library
-
-
-@functools.lru_cache(maxsize=None)
-def _library() -> ctypes.CDLL:
-    """The loaded kernels; raises KernelUnavailable with the reason."""
-    if os.environ.get("CAPTIONER_KERNELS", "1") == "0":
-        raise KernelUnavailable("turned off by CAPTIONER_KERNELS=0")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise KernelUnavailable("no C compiler found (set $CC, or install gcc)")
-    try:
-        library = _build(compiler)
-    except OSError as err:  # the compiler cannot run, the cache is not writable, ...
-        raise KernelUnavailable(f"building with {compiler} into {_cache_dir()} failed: {err}") from err
-    try:
-        lib = ctypes.CDLL(str(library))
-    except OSError as err:  # e.g. no libmvec: the vector tanhf is not there
-        raise KernelUnavailable(f"{library} does not load: {err}") from err
+def _bind(lib: ctypes.CDLL) -> None:
+    """Declare the C functions' signatures (an AttributeError when the library lacks one)."""
     lib.additive_scores.argtypes = [_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR] + [_C_INT64] * 4 + [ctypes.c_int]
     lib.additive_scores_backward.argtypes = ([_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR, _C_PTR, _C_PTR, _C_PTR]
                                              + [_C_INT64] * 4 + [ctypes.c_int])
@@ -104,7 +44,17 @@ def _library() -> ctypes.CDLL:
     lib.lstm_cell.argtypes = ([_C_PTR, _C_INT64] * 4 + [_C_PTR] * 4 + [_C_INT64] * 3 + [ctypes.c_int])
     for fn in (lib.additive_scores, lib.additive_scores_backward, lib.row_best_log_probs, lib.lstm_cell):
         fn.restype = None
-    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    """The loaded kernels; raises KernelUnavailable with the reason."""
+    if os.environ.get("CAPTIONER_KERNELS", "1") == "0":
+        raise KernelUnavailable("turned off by CAPTIONER_KERNELS=0")
+    compiler = find_compiler()
+    if not compiler:
+        raise KernelUnavailable("no C compiler found (set $CC, or install gcc)")
+    return load_library(compiler, _bind)
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +64,7 @@ def available() -> bool:
     try:
         _library()
         return True
-    except KernelUnavailable as err:
+    except Exception as err:  # noqa: BLE001 - whatever went wrong, the PyTorch path runs (KernelUnavailable says why)
         if os.environ.get("CAPTIONER_REQUIRE_KERNELS") == "1":
             raise
         if os.environ.get("CAPTIONER_KERNELS", "1") != "0":
