@@ -124,7 +124,7 @@ class StepWeight:
     # (Packing whenever the count changed made training on Flickr8k's caption lengths 10 % slower.)
     PACK_AFTER = 2
     # A sequence whose longest run of equal row counts is shorter gains nothing from packing and would
-    # keep the packed copies (about 100 MB of peak RSS at Flickr8k's shape): ShowAttendTellDecoder.forward
+    # keep the packed copies (about 100 MB of peak RSS at Flickr8k's shape): FastShowAttendTellDecoder.forward
     # switches packing off then.
     PACK_MIN_RUN = 6
 
