@@ -11,6 +11,7 @@ model together with its preprocessing (``model.transform``), as CLIP's ``load`` 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,7 +23,7 @@ from captioner.config import Config, EncoderConfig, config_from_dict
 from captioner.data.vocab import Vocab
 from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
-from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.decoders import CaptionDecoder, build_decoder, decoder_arguments
 from captioner.models.encoder import Encoder, build_encoder
 
 
@@ -37,7 +38,7 @@ class ImageCaptioner(Captioner):
     Hub-style model folder (captioner/hub.py).
     """
 
-    def __init__(self, encoder: Encoder, decoder: ShowAttendTellDecoder, vocab: Vocab, config: Config,
+    def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocab, config: Config,
                  **kwargs: Any) -> None:
         super().__init__(encoder, decoder, start_id=vocab.start_id, end_id=vocab.end_id, pad_id=vocab.pad_id,
                          unk_id=vocab.unk_id, **kwargs)
@@ -167,22 +168,14 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
     """The one translation of config into constructor arguments."""
     encoder = build_encoder_from_config(cfg.model.encoder)
     refine = _build_refine(cfg, encoder)
-    att, dec = cfg.model.attention, cfg.model.decoder
-    decoder = ShowAttendTellDecoder(
-        vocab_size=len(vocab),
-        feature_dim=encoder.out_dim,
-        embed_dim=dec.embed_dim,
-        hidden_dim=dec.hidden_dim,
-        attention_dim=att.attention_dim,
-        scorer=att.scorer,
-        attention=att.attention,
-        heads=att.heads,
-        gate=dec.gate,
-        dropout=dec.dropout,
-        feature_dropout=dec.feature_dropout,
-        pad_id=vocab.pad_id,
-    )
-    return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=att.attention,
+    # model.decoder.kind picks the decoder; it takes the fields of model.attention and model.decoder whose
+    # names are its arguments (config.unread_keys refuses the others when set)
+    kind = cfg.model.decoder.kind
+    settings = {**dataclasses.asdict(cfg.model.attention), **dataclasses.asdict(cfg.model.decoder)}
+    takes = decoder_arguments(kind)
+    decoder = build_decoder(kind, vocab_size=len(vocab), feature_dim=encoder.out_dim, pad_id=vocab.pad_id,
+                            **{name: value for name, value in settings.items() if name in takes})
+    return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=decoder.attention_kind,
                           attention_mode=cfg.eval.attention_mode, max_length=decode_max_length(cfg),
                           length_penalty=cfg.eval.length_penalty, block_trigrams=cfg.eval.block_trigrams)
 

@@ -6,8 +6,8 @@ are type-checked and range-checked, and the resolved config writes to YAML and r
 back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
 ``captioner/api.py`` is the one place that turns this into constructor arguments; field
 names equal those arguments' names. The allowed names of scorers, attentions, gates and
-decoding modes are the code's own tables (``SCORERS``, ``ATTENTIONS``, ``GATES``, ``HARD_DECODING_MODES``,
-``LOADERS``).
+decoding modes are the code's own tables (``SCORERS``, ``ATTENTIONS``, ``GATES``, ``DECODERS``,
+``HARD_DECODING_MODES``, ``LOADERS``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from captioner.data.datasets import LOADERS, SPLITS
 from captioner.models.attention import ATTENTIONS, HARD_DECODING_MODES
 from captioner.losses import HARD_ESTIMATORS
 from captioner.optim import OPTIMIZERS
-from captioner.models.decoder import GATES
+from captioner.models.decoders import DECODERS, GATES, decoder_arguments
 from captioner.models.scorers import SCORERS
 from captioner.wblog import MODES as WANDB_MODES
 
@@ -98,13 +98,18 @@ class AttentionConfig:
 
 @dataclass
 class DecoderConfig:
-    """Arguments of ``ShowAttendTellDecoder`` (captioner/models/decoder.py)."""
+    """Which decoder (``kind``, a key of models/decoders' DECODERS) and its arguments. Each kind reads the
+    fields of this section and of ``model.attention`` that its constructor takes; setting one it does not take
+    is refused (unread_keys)."""
 
-    embed_dim: int = 512
-    hidden_dim: int = 512
-    gate: str = "scalar"  # scalar (the paper) | vector (per channel) | none
+    kind: str = "lstm"  # lstm (Show-Attend-Tell) | transformer
+    embed_dim: int = 512  # lstm: word embedding and deep output; transformer: the model width
+    hidden_dim: int = 512  # lstm: the LSTM's size; transformer: the feed-forward width
+    gate: str = "scalar"  # lstm: scalar (the paper) | vector (per channel) | none
     dropout: float = 0.5
     feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
+    layers: int = 2  # transformer: decoder layers
+    overlay_layer: int = -1  # transformer: the layer whose cross-attention the overlays show (-1: the last)
 
 
 @dataclass
@@ -171,6 +176,7 @@ class TrainConfig:
     tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)
     wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/wblog.py
     num_threads: int = 0  # 0 = torch default
+    fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
 
 
 @dataclass
@@ -202,6 +208,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention.scorer": tuple(SCORERS),
     "model.attention.attention": tuple(ATTENTIONS),
     "model.decoder.gate": tuple(GATES),
+    "model.decoder.kind": tuple(DECODERS),
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": ("none", "step", "cosine"),
     "train.amp": ("none", "bf16", "fp16"),
@@ -217,7 +224,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 POSITIVE = (
     "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
     "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
-    "model.decoder.hidden_dim", "train.epochs", "train.batch_size", "train.lr",
+    "model.decoder.hidden_dim", "model.decoder.layers", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
     "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
 )
@@ -327,7 +334,7 @@ def unread_keys(cfg: Config) -> dict[str, str]:
     its data.format would not read (``unread_data_keys``)."""
     hard = cfg.model.attention.attention == "hard"
     hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
-    unread: dict[str, str] = unread_data_keys(cfg)
+    unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_decoder_keys(cfg.model.decoder.kind)}
     if cfg.train.objective == "scst":
         for key in ("train.alpha_c", "train.alpha_entropy"):
             unread[key] = "the SCST objective has no attention terms besides train.hard.entropy_weight"
@@ -356,6 +363,14 @@ def unread_data_keys(cfg: Config) -> dict[str, str]:
         return {"data.split_file": why, "data.restval": why}
     return {f"data.{key}": "only data.format captions splits images at random"
             for key in ("val_share", "test_share", "split_seed")}
+
+
+def _unread_decoder_keys(kind: str) -> dict[str, str]:
+    """The model.attention and model.decoder keys that decoder ``kind`` does not take (api.build_model)."""
+    takes = decoder_arguments(kind)
+    return {f"model.{section}.{f.name}": f"the {kind} decoder does not take it"
+            for section, cls in (("attention", AttentionConfig), ("decoder", DecoderConfig))
+            for f in dataclasses.fields(cls) if f.name != "kind" and f.name not in takes}
 
 
 def check_read_keys(cfg: Config) -> None:
@@ -393,6 +408,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
+    dec = cfg.model.decoder
+    if not -dec.layers <= dec.overlay_layer < dec.layers:
+        raise ConfigError(f"model.decoder.overlay_layer: {dec.overlay_layer} is not a layer of model.decoder.layers "
+                          f"({dec.layers}): 0..{dec.layers - 1}, or -1 for the last")
+    if dec.kind == "transformer" and dec.embed_dim % cfg.model.attention.heads:
+        raise ConfigError(f"model.decoder.embed_dim ({dec.embed_dim}) must be divisible by model.attention.heads "
+                          f"({cfg.model.attention.heads}) for the transformer decoder")
     if cfg.model.attention.attention == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
         raise ConfigError(
             f"model.attention.attention_dim ({cfg.model.attention.attention_dim}) must be divisible by "

@@ -77,6 +77,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from captioner import fast_paths
+
 
 @dataclass
 class LossOutput:
@@ -122,7 +124,10 @@ class _TokenNLL(torch.autograd.Function):
 def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     """Negative log-likelihood of each row's target: logits (R, V), targets (R,) -> (R,), in float32 at least.
 
-    Equals F.cross_entropy(logits.float(), targets, reduction="none") (values and gradients)."""
+    Equals F.cross_entropy(logits.float(), targets, reduction="none") (values and gradients), which is what runs
+    under the reference switch (captioner/fast_paths.py)."""
+    if not fast_paths.enabled():
+        return F.cross_entropy(_at_least_float32(logits), targets, reduction="none")
     return _TokenNLL.apply(logits, targets)
 
 
@@ -172,8 +177,8 @@ class _LinearTokenNLL(torch.autograd.Function):
 def linear_token_nll(x: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Tensor:
     """token_nll(F.linear(x, weight, bias), targets) with the output layer fused in: x (R, E), weight (V, E),
     targets (R,) -> (R,). Falls back to the two separate steps under autocast and for reduced-precision inputs,
-    where the matmul's precision is autocast's to choose."""
-    fused = (x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype
+    where the matmul's precision is autocast's to choose, and under the reference switch (captioner/fast_paths.py)."""
+    fused = (fast_paths.enabled() and x.dtype in (torch.float32, torch.float64) and x.dtype == weight.dtype
              and not torch.is_autocast_enabled(x.device.type))
     if not fused:
         return token_nll(F.linear(x, weight, bias), targets)

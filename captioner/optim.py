@@ -12,12 +12,17 @@ from typing import Any
 
 import torch
 
+from captioner import fast_paths
+
 OPTIMIZERS = ("adam", "rmsprop")
 
 
 def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """``name`` in OPTIMIZERS over ``params`` (tensors or parameter-group dicts); Adam is fused when supported."""
+    """``name`` in OPTIMIZERS over ``params`` (tensors or parameter-group dicts); Adam is fused when supported
+    (and the single-tensor Adam under the reference switch, captioner/fast_paths.py)."""
     params = list(params)
+    if name == "adam" and not fast_paths.enabled():
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=False)
     if name == "adam":
         try:
             return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)

@@ -1,7 +1,7 @@
 """Self-critical sequence training (Rennie et al. 2017): the training loop's second objective.
 
 ``train.objective: scst`` fine-tunes a cross-entropy model (``train.init``) on the metric it is judged
-by. For each training image the decoder samples k captions (``ShowAttendTellDecoder.sample``, with
+by. For each training image the decoder samples k captions (``CaptionDecoder.sample``, with
 gradients; hard attention samples its cells on the same trajectory), each is scored by CIDEr-D
 against the image's references (``rewards.CiderD``, document frequencies from the training split),
 and ``losses.scst_loss`` weighs each caption's log-probability by its reward minus a baseline that

@@ -32,11 +32,13 @@ Conventions shared by all three searches:
   relies on. A step function may return them as `Logits` (the raw logits): the searches then
   read each row's best words and normalise only those, without forming the dense log-softmax.
 - State tensors are never modified in place by the step function (it returns new tensors).
-  Beam search relies on it: a state tensor the step function hands back as the very same
-  object (e.g. the decoder's attention memory, (B*K, L, D)) still holds K identical rows per
-  image, so reordering beams inside an image leaves it unchanged and it is not copied.
-  With `expand`, a step function may even keep such tensors at one row per image (B rows
-  while the others have B*K): beam search then never copies or reorders them.
+  Beam search reorders the tensors that hold a row per beam (B*K rows) with the beams. With
+  `expand`, a step function may keep per-image tensors at one row per image (B rows, e.g. the
+  decoder's attention memory, read by all K beams of the image): beam search never copies or
+  reorders those (beams never leave their image), and drops an image's row when the image is done.
+  The row count alone tells the two apart (with K = 1 they coincide, and reordering is the identity).
+- The reference switch (captioner/fast_paths.py) makes every search read a step's `Logits` as dense
+  log-probabilities (the plain top-k over log_softmax).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from captioner import kernels
+from captioner import fast_paths, kernels
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
 StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
@@ -121,7 +123,7 @@ class Logits:
         if row_bans is not None:
             return self._best_without(k, banned, row_bans)
         self.logits = self.logits.float()  # (N, V); no copy for float32
-        if self.fused:  # the C kernel's one read per row, the bias added on the fly; or None
+        if self.fused and fast_paths.enabled():  # the C kernel's one read per row, the bias added on the fly; or None
             read = kernels.row_best_log_probs(self.logits, k, list(banned), self.bias)
             if read is not None:
                 self.logits = None
@@ -209,6 +211,8 @@ def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list
     they are: their reader bans), the per-word tensors as a tuple (alpha, and the read location when the step
     function gives one) or None, and the state."""
     log_probs, per_word, state = step_fn(tokens, state)
+    if isinstance(log_probs, Logits) and not fast_paths.enabled():  # the reference: dense log-probs
+        log_probs = log_probs.dense()
     scores = log_probs.logits if isinstance(log_probs, Logits) else log_probs
     if scores.dim() != 2 or scores.size(0) != rows:
         raise ValueError(f"step_fn must return log_probs (N={rows}, V), got shape {tuple(scores.shape)}")
@@ -477,7 +481,7 @@ def beam_search(
     words start the beams, and `expand(state, K)` then gives each image K rows of the state that call
     returned (default: every tensor repeat_interleaved). A tensor it leaves at B rows is per-image
     data the step function reads for all K beams (e.g. the decoder's attention memory, see
-    ShowAttendTellDecoder.expand_state).
+    CaptionDecoder.expand_state in models/decoders/contract.py).
     """
     _check_args(batch_size, max_length, min_length)
     if beam_size < 1 or n_best < 1:
@@ -511,7 +515,6 @@ class _Beams:
         # from <start> in the same state, so they would make K identical step calls. expand gives the rows after it.
         self.expand = expand
         self.state = state
-        self.invariant: dict[int, Tensor] = {}  # filled by _expand: see there
         device = _state_device(state)
         self.tokens = torch.full((B,), start_id, dtype=torch.long, device=device)
         self.scores = torch.zeros(B * K, device=device)  # scores and finished: (B*K,), set by the first step
@@ -533,9 +536,6 @@ class _Beams:
             if bad:
                 raise ValueError(f"expand must give state tensors B*K={B * K} (or B={B}) rows, got shapes {bad}")
         self.state = state
-        # Tensors whose K rows per image are identical (just expanded, never replaced by the step
-        # function): id -> tensor, the reference keeps the id from being reused.
-        self.invariant = {id(x): x for x in _leaves(state)}
 
     @property
     def rows(self) -> int:
@@ -574,11 +574,8 @@ class _Beams:
         self.finished = was_finished | newly
         # the per-word tensors that produced word t are the parent's at this step
         self.history.append(word, per_word, parent)
-        # parents always lie in their child's image block, so beam-invariant tensors need no copy;
-        # per-image tensors (B rows) are never reordered either
-        self.state = map_state(self.state, lambda x: x if self.invariant.get(id(x)) is x or x.size(0) != N
-                               else x.index_select(0, parent))
-        self.invariant = {id(x): x for x in _leaves(self.state) if self.invariant.get(id(x)) is x}
+        # parents always lie in their child's image block: per-image tensors (B rows) are never reordered
+        self.state = map_state(self.state, lambda x: x if x.size(0) != N else x.index_select(0, parent))
         self._after(word, newly, t)
 
     def _after(self, word: Tensor, newly: Tensor, t: int) -> None:
@@ -667,10 +664,7 @@ class _Beams:
 
         def select_kept(x: Tensor) -> Tensor:
             index = keep_rows if x.size(0) == N else keep_images  # rows, or per-image tensors
-            kept = x.index_select(0, index.to(x.device))  # whole images: still beam-invariant
-            if self.invariant.pop(id(x), None) is x:
-                self.invariant[id(kept)] = kept
-            return kept
+            return x.index_select(0, index.to(x.device))
 
         self.state = map_state(self.state, select_kept)
 

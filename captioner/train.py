@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from captioner import fast_paths
 from captioner.atomic import write_text_atomic
 from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
                               save_config)
@@ -655,11 +656,12 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     metrics.jsonl)."""
     started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
     keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
-    run = _set_up(cfg, resume, started)
-    for epoch in range(run.progress.epoch, cfg.train.epochs):
-        stats = _train_epoch(run, epoch)
-        if _end_epoch(run, epoch, stats):
-            break
+    with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (fast_paths.py)
+        run = _set_up(cfg, resume, started)
+        for epoch in range(run.progress.epoch, cfg.train.epochs):
+            stats = _train_epoch(run, epoch)
+            if _end_epoch(run, epoch, stats):
+                break
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir / f"weights-rank{run.rank}.sha256", _weights_hash(run.model) + "\n")

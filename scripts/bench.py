@@ -159,10 +159,10 @@ def _caption_lengths(s: dict, generator: torch.Generator) -> torch.Tensor:
 
 
 def _build_decoder(s: dict, attention: str, device: str):
-    from captioner.models.decoder import ShowAttendTellDecoder
+    from captioner.models.decoders import FastShowAttendTellDecoder
 
     torch.manual_seed(0)
-    return ShowAttendTellDecoder(s["vocab"], s["feature_dim"], embed_dim=s["embed_dim"], hidden_dim=s["hidden_dim"],
+    return FastShowAttendTellDecoder(s["vocab"], s["feature_dim"], embed_dim=s["embed_dim"], hidden_dim=s["hidden_dim"],
                                  attention_dim=s["attention_dim"], scorer="additive", attention=attention,
                                  dropout=0.5).to(device)
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from captioner.config import (
     Config, ConfigError, config_from_dict, config_to_dict, get_path, load_config, parse_override, save_config,
@@ -138,7 +139,7 @@ def test_config_show_prints_every_key_resolved(capsys):
 def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_still_reads(tmp_path):
     import inspect
 
-    from captioner.models.decoder import ShowAttendTellDecoder
+    from captioner.models.decoders import ShowAttendTellDecoder
 
     assert "attention" in inspect.signature(ShowAttendTellDecoder).parameters
     old = tmp_path / "old.yaml"
@@ -148,7 +149,7 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_sti
     assert load_config(None, ["model.attention.kind=hard"]).model.attention.attention == "hard"
     saved = tmp_path / "saved.yaml"
     save_config(load_config(old), saved)
-    assert "attention: hard" in saved.read_text() and "kind" not in saved.read_text()
+    assert "attention: hard" in saved.read_text() and "kind" not in yaml.safe_load(saved.read_text())["model"]["attention"]
     both = tmp_path / "both.yaml"
     both.write_text("model:\n  attention:\n    kind: hard\n    attention: soft\n")
     with pytest.raises(ConfigError, match="model.attention.kind is the old name of model.attention.attention"):
@@ -158,12 +159,13 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_sti
 def test_choices_are_the_model_code_tables():
     from captioner.config import CHOICES
     from captioner.models.attention import ATTENTIONS
-    from captioner.models.decoder import GATES
+    from captioner.models.decoders import DECODERS, GATES
     from captioner.models.scorers import SCORERS
 
     assert set(CHOICES["model.attention.scorer"]) == set(SCORERS)
     assert set(CHOICES["model.attention.attention"]) == set(ATTENTIONS)
     assert set(CHOICES["model.decoder.gate"]) == set(GATES)
+    assert set(CHOICES["model.decoder.kind"]) == set(DECODERS) >= {"lstm", "transformer"}
     from captioner.data.datasets import LOADERS
 
     assert set(CHOICES["data.format"]) == set(LOADERS)
@@ -212,3 +214,28 @@ def test_a_key_the_objective_does_not_read_is_refused(run):
     saved = config_to_dict(load_config(None, _RUNS[run]))
     saved["train"]["hard"]["samples"] = 9  # read by no run here but hard xe loo
     assert config_from_dict(saved).train.hard.samples == 9
+
+
+@pytest.mark.parametrize("kind,read,refused", [
+    ("lstm", {"model.decoder.gate": "vector", "model.attention.scorer": "dot", "model.attention.attention_dim": "64"},
+     {"model.decoder.layers": "3", "model.decoder.overlay_layer": "0"}),
+    ("transformer", {"model.decoder.layers": "3", "model.decoder.overlay_layer": "0", "model.attention.heads": "4"},
+     {"model.decoder.gate": "vector", "model.attention.scorer": "dot", "model.attention.attention": "hard",
+      "model.attention.attention_dim": "64"}),
+])
+def test_each_decoder_kind_reads_the_keys_its_constructor_takes(kind, read, refused):
+    for key, value in read.items():
+        assert str(get_path(load_config(None, [f"model.decoder.kind={kind}", f"{key}={value}"]), key)) == value
+    for key, value in refused.items():
+        with pytest.raises(ConfigError, match=f"{key}: set to .*the {kind} decoder does not take it"):
+            load_config(None, [f"model.decoder.kind={kind}", f"{key}={value}"])
+    with pytest.raises(ConfigError, match="model.decoder.kind: 'gru' is not one of lstm, transformer"):
+        load_config(None, ["model.decoder.kind=gru"])
+
+
+def test_transformer_sizes_are_checked():
+    with pytest.raises(ConfigError, match="overlay_layer: 2 is not a layer of model.decoder.layers"):
+        load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=2"])
+    with pytest.raises(ConfigError, match=r"embed_dim \(100\) must be divisible by model.attention.heads \(8\)"):
+        load_config(None, ["model.decoder.kind=transformer", "model.decoder.embed_dim=100", "model.attention.heads=8"])
+    assert load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=-2"]).model.decoder.layers == 2

@@ -1,18 +1,21 @@
-"""ShowAttendTellDecoder (decoder.py): learning, step() == teacher forcing, padding, hard attention."""
+"""The Show-Attend-Tell decoder (models/decoders/): learning, step() == teacher forcing (the fast step against the
+fast and the reference teacher forcing), padding, hard attention."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from captioner.models.attention import ATTENTIONS
-from captioner.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioner import fast_paths
+from captioner.models.decoders import DecoderOutput, FastShowAttendTellDecoder, ShowAttendTellDecoder
 
 V, D, L = 23, 12, 6
 KINDS = sorted(ATTENTIONS)
 
 
-def make(kind: str = "soft", scorer: str = "additive", gate: str = "scalar", dropout: float = 0.0):
+def make(kind: str = "soft", scorer: str = "additive", gate: str = "scalar", dropout: float = 0.0,
+         cls: type = FastShowAttendTellDecoder):
     torch.manual_seed(0)
-    return ShowAttendTellDecoder(V, D, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,
+    return cls(V, D, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,
                                  attention=kind, heads=4 if kind == "multi_head" else 1, gate=gate,
                                  dropout=dropout)
 
@@ -90,6 +93,28 @@ def test_step_reproduces_teacher_forced_logits(kind, scorer, gate):
             expected = F.log_softmax(out.logits[:, t], dim=-1)
             assert torch.allclose(log_probs[real], expected[real], atol=1e-5), t
             assert torch.allclose(alpha[real], out.alphas[real, t], atol=1e-5), t
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_step_reproduces_the_reference_teacher_forcing(kind):
+    """The fast decoding step (cached word-gate table, stacked column-major weights, fused cell, raw logits with
+    the output bias apart) against the reference module's teacher forcing, every fast path off there."""
+    dec = make(kind, dropout=0.5).eval()
+    ref = make(kind, dropout=0.5, cls=ShowAttendTellDecoder).eval()
+    ref.load_state_dict(dec.state_dict())
+    grid, captions, lengths = batch()
+    mode = "argmax" if kind == "hard" else "soft"
+    with torch.no_grad():
+        with fast_paths.reference():
+            out = ref(grid, captions, lengths, attention_mode=mode)
+        state = dec.init_state(grid)
+        for t in range(captions.shape[1] - 1):
+            logits, alpha, location, state = dec.step_with_location(captions[:, t], state, mode, dense=False)
+            real = out.mask[:, t]
+            expected = F.log_softmax(out.logits[:, t], dim=-1)
+            torch.testing.assert_close(logits.dense()[real], expected[real], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(alpha[real], out.alphas[real, t], atol=1e-5, rtol=1e-5)
+            assert (location is None) == (kind != "hard")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -206,7 +231,7 @@ def test_feature_dropout_acts_in_training_only():
     grid, captions, lengths = batch()
     plain = make()
     torch.manual_seed(0)
-    dropped = ShowAttendTellDecoder(V, D, embed_dim=16, hidden_dim=20, attention_dim=16, dropout=0.0,
+    dropped = FastShowAttendTellDecoder(V, D, embed_dim=16, hidden_dim=20, attention_dim=16, dropout=0.0,
                                     feature_dropout=0.5)
     dropped.load_state_dict(plain.state_dict())
     plain.eval(), dropped.eval()

@@ -3,9 +3,10 @@
 - losses.token_nll (one-pass backward) and losses.linear_token_nll (output layer fused with it) against
   F.linear + F.cross_entropy;
 - models/deferred.StepWeight (weight gradients formed once per sequence) against per-step autograd;
-- the decoder's whole training loss (sorted, shrinking batch, packed output layer, deferred LSTM weight
-  gradients, token_nll) against a plain step-by-step Show-Attend-Tell written here with nn.LSTMCell and
-  F.cross_entropy over the padded batch: gradients of every parameter equal.
+- the fast decoder's whole training loss (sorted, shrinking batch, packed output layer, deferred LSTM weight
+  gradients, token_nll) against the reference decoder module (models/decoders/show_attend_tell.py, the paper's
+  equations step by step over the padded batch) with the same weights and F.cross_entropy: every gradient equal;
+- decoding's fast paths (projected values, cached weights) against the plain step.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from captioner import fast_paths
 from captioner.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
-from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.decoders import FastShowAttendTellDecoder, ProjectedState, ShowAttendTellDecoder
 from captioner.models.deferred import step_weights
 
 
@@ -129,42 +131,28 @@ def test_step_weights_are_plain_without_autograd_and_check_splits():
         step_weights(weight, (1, 1))
 
 
-def _plain_decoder_outputs(dec: ShowAttendTellDecoder, grid, captions, lengths, hard: bool):
-    """Show-Attend-Tell written step by step over the whole padded batch (nothing sorted, packed or fused)."""
-    B, T = captions.shape
-    scorer = dec.attention.scorer
-    emb = dec.embedding(captions[:, :-1])  # (B, T-1, E)
-    mean = grid.mean(1)
-    h, c = dec.init_h(mean), dec.init_c(mean)
-    keys = scorer.key_proj(grid)  # (B, L, A)
-    logits, alphas, log_probs, entropies = [], [], [], []
-    for t in range(T - 1):
-        e = scorer.v(torch.tanh(keys + scorer.query_proj(h)[:, None])).squeeze(-1)  # (B, L)
-        alpha = torch.softmax(e, -1)
-        if hard:  # "argmax" mode: read the most probable cell
-            index = alpha.argmax(-1)
-            z = grid[torch.arange(B), index]
-            log_probs.append(torch.log_softmax(e, -1).gather(1, index[:, None]).squeeze(1))
-            entropies.append(-(alpha * torch.log_softmax(e, -1)).sum(-1))
-        else:
-            z = (alpha[:, :, None] * grid).sum(1)
-        z = torch.sigmoid(dec.gate(h)) * z
-        h, c = dec.lstm(torch.cat([emb[:, t], z], 1), (h, c))
-        logits.append(dec.out(dec.out_h(h) + dec.out_z(z) + emb[:, t]))
-        alphas.append(alpha)
-    mask = torch.arange(T - 1)[None] < (lengths - 1)[:, None]
-    stack = lambda xs: torch.stack(xs, 1) * mask.reshape(B, T - 1, *([1] * (xs[0].dim() - 1))).to(xs[0].dtype)  # noqa: E731
-    return (torch.stack(logits, 1), stack(alphas), mask,
-            stack(log_probs) if hard else None, stack(entropies) if hard else None)
+def _reference_outputs(fast: FastShowAttendTellDecoder, grid, captions, lengths, hard: bool):
+    """The reference decoder module (the paper's equations step by step over the padded batch, nothing sorted,
+    packed, cached or fused) with the fast decoder's weights, every fast path off: (reference module, its
+    padded logits, alphas, mask, log p(s_t), entropies)."""
+    ref = ShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft").to(grid.dtype).eval()
+    ref.load_state_dict(fast.state_dict())  # the same state_dict keys: one set of weights, two implementations
+    with fast_paths.reference():
+        out = ref(grid, captions, lengths, attention_mode="argmax" if hard else "soft")  # argmax: deterministic
+    return ref, out.logits, out.alphas, out.mask, out.log_probs, out.entropies
+
+
+_ARGS = dict(vocab_size=23, feature_dim=10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0)
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard-argmax"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_training_gradients_equal_the_plain_implementation(hard, dtype):
+def test_training_gradients_equal_the_reference_decoder(hard, dtype):
+    """The fast decoder's loss (sorted shrinking batch, packed output layer fused with token_nll, deferred LSTM
+    weight gradients) against the reference module's padded logits and F.cross_entropy: every gradient equal."""
     torch.manual_seed(0)
-    V, D, L = 23, 10, 6
-    dec = ShowAttendTellDecoder(V, D, embed_dim=8, hidden_dim=9, attention_dim=7,
-                                attention="hard" if hard else "soft", dropout=0.0).to(dtype).eval()
+    V, D, L = _ARGS["vocab_size"], _ARGS["feature_dim"], 6
+    dec = FastShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft").to(dtype).eval()
     g = torch.Generator().manual_seed(2)
     grid = torch.randn(5, L, D, generator=g, dtype=dtype, requires_grad=True)
     lengths = torch.tensor([7, 3, 7, 5, 2])  # unsorted, with ties and a one-word caption
@@ -173,31 +161,60 @@ def test_training_gradients_equal_the_plain_implementation(hard, dtype):
     captions[torch.arange(5), lengths - 1] = 2
     captions[torch.arange(7)[None] >= lengths[:, None]] = 0
     targets = captions[:, 1:]
-    params = [p for p in dec.parameters()]
 
-    logits, alphas, mask, log_probs, entropies = _plain_decoder_outputs(dec, grid, captions, lengths, hard)
+    ref, logits, alphas, mask, log_probs, entropies = _reference_outputs(dec, grid, captions, lengths, hard)
     n = mask.sum()
     nll = F.cross_entropy(logits[mask], targets[mask], reduction="sum")
     penalty = ((1 - alphas.sum(1)) ** 2).sum()  # Eq. (14), summed over captions
     if hard:  # Eq. (10)-(12) with λ_r = 0.5, λ_e = 0.1, b = -4
         reward = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(mask.shape)
         reward = (reward * mask).sum(1).detach()
-        ref = (nll - 0.5 * ((reward + 4.0) * log_probs.sum(1)).sum() - 0.1 * entropies.sum() + 0.3 * penalty) / n
+        expected = (nll - 0.5 * ((reward + 4.0) * log_probs.sum(1)).sum() - 0.1 * entropies.sum() + 0.3 * penalty) / n
         fast = hard_attention_loss(dec(grid, captions, lengths, attention_mode="argmax"), targets, baseline=-4.0,
                                    alpha_c=0.3, reinforce_weight=0.5, entropy_weight=0.1).loss
     else:
-        ref = (nll + 0.3 * penalty) / n
+        expected = (nll + 0.3 * penalty) / n
         fast = soft_attention_loss(dec(grid, captions, lengths), targets, alpha_c=0.3).loss
     tol = 1e-10 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
-    ref_grads = torch.autograd.grad(ref, params + [grid], allow_unused=True)
-    fast_grads = torch.autograd.grad(fast, params + [grid], allow_unused=True)
+    torch.testing.assert_close(fast, expected, atol=tol, rtol=tol)
+    ref_grads = torch.autograd.grad(expected, list(ref.parameters()) + [grid], allow_unused=True)
+    fast_grads = torch.autograd.grad(fast, list(dec.parameters()) + [grid], allow_unused=True)
     names = [name for name, _ in dec.named_parameters()] + ["grid"]  # the grid learns too (position embedding)
-    for name, _, a, b in zip(names, params + [grid], fast_grads, ref_grads):
-        a = torch.zeros_like(_) if a is None else a
-        b = torch.zeros_like(_) if b is None else b
+    assert names[:-1] == [name for name, _ in ref.named_parameters()]
+    for name, p, a, b in zip(names, list(dec.parameters()) + [grid], fast_grads, ref_grads):
+        a = torch.zeros_like(p) if a is None else a
+        b = torch.zeros_like(p) if b is None else b
         scale = max(float(b.abs().max()), 1e-3)
         assert float((a - b).abs().max()) <= tol * scale, f"gradient of {name} differs"
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_under_the_reference_switch_the_fast_decoder_runs_the_reference_code(attention):
+    """Same weights: inside fast_paths.reference() the fast decoder's forward, step and sample are the
+    reference module's, bit for bit (the same code runs)."""
+    torch.manual_seed(1)
+    fast = FastShowAttendTellDecoder(**_ARGS, attention=attention).eval()
+    ref = ShowAttendTellDecoder(**_ARGS, attention=attention).eval()
+    ref.load_state_dict(fast.state_dict())
+    grid = torch.randn(3, 5, _ARGS["feature_dim"])
+    captions = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0], [1, 4, 9, 2]])
+    lengths = torch.tensor([4, 3, 4])
+    mode = "argmax" if attention == "hard" else "soft"
+    with fast_paths.reference():
+        a, b = fast(grid, captions, lengths, mode), ref(grid, captions, lengths, mode)
+        assert torch.equal(a.packed_features, b.packed_features) and torch.equal(a.rows, b.rows)
+        assert torch.equal(a.alphas, b.alphas)
+        step_a = fast.step(captions[:, 0], fast.init_state(grid), mode)
+        step_b = ref.step(captions[:, 0], ref.init_state(grid), mode)
+        assert torch.equal(step_a[0], step_b[0]) and torch.equal(step_a[1], step_b[1])
+        torch.manual_seed(2)
+        sa = fast.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "soft")
+        torch.manual_seed(2)
+        sb = ref.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "soft")
+        assert torch.equal(sa.tokens, sb.tokens) and torch.equal(sa.word_log_probs, sb.word_log_probs)
+    fast_out = fast(grid, captions, lengths, mode)  # switch off again: the fast path, equal to rounding
+    assert not torch.equal(fast_out.rows, a.rows)  # packed time-major, not row-major: the other code ran
+    torch.testing.assert_close(fast_out.logits, a.logits, atol=1e-5, rtol=1e-5)
 
 
 def test_built_adam_matches_the_default_update():
@@ -239,11 +256,10 @@ def test_keep_freed_memory_applies_on_glibc_linux():
 def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
     """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""
-    from captioner.models.decoder import ProjectedState
     from captioner.search import beam_search
 
     torch.manual_seed(4)
-    dec = ShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
+    dec = FastShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
                                 gate=gate, dropout=0.0).eval()
     grid = torch.randn(3, 6, 12)
     K = 4
@@ -275,10 +291,9 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
 
 
 def test_vector_gate_and_multi_head_decode_unprojected():
-    from captioner.models.decoder import ProjectedState
 
     for kwargs in (dict(gate="vector"), dict(attention="multi_head", heads=3)):
-        dec = ShowAttendTellDecoder(20, 12, embed_dim=8, hidden_dim=9, attention_dim=9, **kwargs).eval()
+        dec = FastShowAttendTellDecoder(20, 12, embed_dim=8, hidden_dim=9, attention_dim=9, **kwargs).eval()
         with torch.no_grad():
             state = dec.expand_state(dec.init_state(torch.randn(2, 4, 12)), 8)
         assert not isinstance(state, ProjectedState)
@@ -292,7 +307,7 @@ def test_inference_caches_follow_weight_updates(optimizer):
     from captioner.optim import build_optimizer
 
     torch.manual_seed(5)
-    dec = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
+    dec = FastShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
     grid = torch.randn(2, 4, 8)
     tokens = torch.tensor([3, 9])
 
@@ -314,7 +329,7 @@ def test_inference_caches_follow_weight_updates(optimizer):
     after = step_logp()
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, reference(), atol=1e-6, rtol=1e-6)
-    fresh = ShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
+    fresh = FastShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
     dec.load_state_dict(fresh.state_dict())
     torch.testing.assert_close(step_logp(), reference(), atol=1e-6, rtol=1e-6)
 
@@ -322,7 +337,7 @@ def test_inference_caches_follow_weight_updates(optimizer):
 def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
     """sample() expands its state like beam search; without autograd that may give a ProjectedState."""
     torch.manual_seed(6)
-    dec = ShowAttendTellDecoder(19, 10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0).eval()
+    dec = FastShowAttendTellDecoder(19, 10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0).eval()
     grid = torch.randn(2, 3, 10)
     outs = []
     for words in (20, 0):  # projected, plain

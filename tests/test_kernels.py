@@ -25,7 +25,7 @@ import torch
 
 from captioner import kernels
 from captioner.kernels import build
-from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.decoders import FastShowAttendTellDecoder
 from captioner.models.scorers import AdditiveScorer
 from captioner.search import Logits, beam_search
 
@@ -165,7 +165,7 @@ def test_best_words_with_a_bias_read_logits_plus_bias_rounded_as_an_add():
 
 def test_decoder_step_hands_the_search_its_logits_and_output_bias():
     torch.manual_seed(1)
-    dec = ShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    dec = FastShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
     grid, tokens = torch.randn(3, 9, 24), torch.tensor([1, 5, 7])
     with torch.inference_mode():
         state = dec.init_state(grid)
@@ -174,7 +174,7 @@ def test_decoder_step_hands_the_search_its_logits_and_output_bias():
         assert logits.bias is dec.out.bias
         torch.testing.assert_close(logits.dense(), dense)
     with pytest.raises(RuntimeError, match="inference"):
-        dec._deep_output(torch.randn(3, 16), torch.randn(3, 16), torch.randn(3, 24), bias=False)
+        dec._deep_output_fast(torch.randn(3, 16), torch.randn(3, 16), torch.randn(3, 24), bias=False)
 
 
 def _cell_reference(a, c, b=None, z=None, gate_logit=None):
@@ -224,21 +224,21 @@ def test_lstm_cell_mismatch_is_a_clear_error():
 @pytest.mark.parametrize("beams", [1, 5])
 def test_decoder_step_uses_the_fused_cell_only_without_autograd(beams, monkeypatch):
     torch.manual_seed(2)
-    dec = ShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    dec = FastShowAttendTellDecoder(300, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
     grid, tokens = torch.randn(3, 16, 24), torch.tensor([1, 5, 7]).repeat_interleave(beams)
     calls = []
     real = kernels.lstm_cell
     monkeypatch.setattr(kernels, "lstm_cell", lambda *a, **k: calls.append(len(a) + len(k)) or real(*a, **k))
 
     def step(fused):
-        ShowAttendTellDecoder.fused_cell = fused
+        FastShowAttendTellDecoder.fused_cell = fused
         try:
             with torch.inference_mode():
                 state = dec.expand_state(dec.init_state(grid), beams)  # 5 beams on 16 cells: projected values
                 lp, alpha, _, (h, c, *_) = dec.step_with_location(tokens, state)
                 return lp, h, c
         finally:
-            ShowAttendTellDecoder.fused_cell = True
+            FastShowAttendTellDecoder.fused_cell = True
 
     fast, plain = step(True), step(False)
     assert calls == [5 if beams > 1 else 2]  # the projected step hands over the gate sums, the plain one its gates
@@ -251,11 +251,11 @@ def test_decoder_step_uses_the_fused_cell_only_without_autograd(beams, monkeypat
 
 def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
     torch.manual_seed(0)
-    dec = ShowAttendTellDecoder(400, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
+    dec = FastShowAttendTellDecoder(400, 24, embed_dim=16, hidden_dim=16, attention_dim=12).eval()
     grid = torch.randn(6, 9, 24)
 
     def decode(fused):
-        AdditiveScorer.fused = Logits.fused = ShowAttendTellDecoder.fused_cell = fused
+        AdditiveScorer.fused = Logits.fused = FastShowAttendTellDecoder.fused_cell = fused
         try:
             with torch.inference_mode():
                 def step(tokens, state):
@@ -264,7 +264,7 @@ def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
                 return beam_search(step, dec.init_state(grid), batch_size=6, start_id=1, end_id=2, max_length=8,
                                    forbid_ids=(0, 1), beam_size=4, expand=dec.expand_state)
         finally:
-            AdditiveScorer.fused = Logits.fused = ShowAttendTellDecoder.fused_cell = True
+            AdditiveScorer.fused = Logits.fused = FastShowAttendTellDecoder.fused_cell = True
 
     fast, plain = decode(True), decode(False)
     assert [[h.tokens for h in image] for image in fast] == [[h.tokens for h in image] for image in plain]

@@ -1,4 +1,4 @@
-"""Self-critical training (losses.scst_loss + ShowAttendTellDecoder.sample): the Monte-Carlo
+"""Self-critical training (losses.scst_loss + FastShowAttendTellDecoder.sample): the Monte-Carlo
 gradient equals the exact gradient of the expected reward, found by enumerating every caption
 (and, for hard attention, every sequence of attended cells) of a tiny decoder."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captioner.losses import scst_baseline, scst_loss
-from captioner.models.decoder import ShowAttendTellDecoder
+from captioner.models.decoders import FastShowAttendTellDecoder
 
 PAD, START, END = 0, 1, 2
 WORDS = (END, 3, 4)  # what a step may emit
@@ -19,9 +19,9 @@ MAX_LEN = 2
 CELLS = 2
 
 
-def _decoder(kind: str) -> ShowAttendTellDecoder:
+def _decoder(kind: str) -> FastShowAttendTellDecoder:
     torch.manual_seed(0)
-    dec = ShowAttendTellDecoder(vocab_size=5, feature_dim=3, embed_dim=4, hidden_dim=4, attention_dim=4,
+    dec = FastShowAttendTellDecoder(vocab_size=5, feature_dim=3, embed_dim=4, hidden_dim=4, attention_dim=4,
                                 attention=kind, dropout=0.0)
     return dec.double()
 

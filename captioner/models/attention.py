@@ -13,13 +13,14 @@ Every module reads its context in one of four explicit modes:
     "argmax"                the most probable location (deterministic hard decoding)
 Modules: SoftAttention and HardAttention read the raw grid (they compute the same thing; the
 decoder honours the mode only for "hard"), KeyValueAttention (separate key and value projections),
-MultiHeadAttention (M heads over subspaces, concatenated and projected), and SelfAttentionEncoder
-(optional transformer-style refinement of the grid before decoding).
+MultiHeadAttention (M heads over subspaces, concatenated and projected; also the Transformer decoder's
+self- and cross-attention, models/decoders/transformer.py), and SelfAttentionEncoder (optional
+transformer-style refinement of the grid before decoding).
 
 prepare(grid) runs once per image and returns `memory`, a tuple of tensors whose dim 0 is B, so
 search can reorder it with index_select; forward(query, memory, mode) runs once per word. Modules
-with grouped_queries also take G consecutive query rows per memory row (beam search's beams of one
-image): query (B*G, Q) against memory (B, ...), without copying the memory G times.
+with grouped_queries (all of them) also take G consecutive query rows per memory row (beam search's beams of
+one image): query (B*G, Q) against memory (B, ...), without copying the memory G times.
 """
 from __future__ import annotations
 
@@ -204,6 +205,10 @@ class MultiHeadAttention(nn.Module):
     its value subspace, and the M reads are concatenated and projected. In "sample"/"argmax" modes
     every head picks its own location; log_prob and entropy are summed over heads.
 
+    Queries come G >= 1 per memory row (grouped_queries): beam search's beams of one image, or the
+    Transformer decoder's T words of one caption. ``allowed`` (G, L) bool, when given, hides the
+    positions a query may not see (the Transformer's masked self-attention over words).
+
     Args:
         scorer: name of the scoring function (applied per head, size A/M).
         key_dim: size D of an annotation vector.
@@ -213,7 +218,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     stochastic = False
-    grouped_queries = False  # its memory must have one row per query
+    grouped_queries = True
     query_weight = None  # its query projection has a bias and feeds the heads: not stacked by the decoder
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
@@ -244,22 +249,33 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
                 expectation_mask: Tensor | None = None,
-                generator: torch.Generator | None = None, entropy: bool = True) -> AttentionOutput:
+                generator: torch.Generator | None = None, entropy: bool = True,
+                allowed: Tensor | None = None) -> AttentionOutput:
         values, prepared = memory
         B, M, L, _ = values.shape
-        q = self.query_proj(query).reshape(B * M, self.head_dim)  # (B*M, A/M)
-        scores = self.scorer(q, prepared.flatten(0, 1))  # (B*M, L)
+        G = query.shape[0] // B  # queries per memory row
+        if G * B != query.shape[0]:
+            raise ValueError(f"{query.shape[0]} queries do not come in equal groups for {B} memory rows")
+        # (B*G, A) -> (B, M, G, A/M) -> (B*M*G, A/M): head m of image b scores its G queries against its keys
+        q = self.query_proj(query).view(B, G, M, self.head_dim).transpose(1, 2).reshape(B * M * G, self.head_dim)
+        scores = self.scorer(q, prepared.flatten(0, 1))  # (B*M*G, L)
+        if allowed is not None:
+            scores = scores.view(B * M, G, L).masked_fill(~allowed, float("-inf")).view(-1, L)
         if expectation_mask is not None:
-            expectation_mask = expectation_mask.repeat_interleave(M)  # (B*M,)
+            expectation_mask = expectation_mask.view(B, 1, G).expand(B, M, G).reshape(-1)  # (B*M*G,)
         read = read_context(scores, values.flatten(0, 1), mode, expectation_mask, generator, entropy)
-        context = self.out_proj(read.context.reshape(B, M * self.head_dim))  # (B, A)
-        head_alpha = read.alpha.view(B, M, L)
+
+        def per_query(x: Tensor) -> Tensor:  # (B*M*G, *) -> (B*G, M, *)
+            return x.view(B, M, G, *x.shape[1:]).transpose(1, 2).reshape(B * G, M, *x.shape[1:])
+
+        context = self.out_proj(per_query(read.context).flatten(1))  # (B*G, A)
+        head_alpha = per_query(read.alpha)  # (B*G, M, L)
         return AttentionOutput(
             context=context,
-            alpha=head_alpha.mean(1),  # (B, L): what a single map can show
-            log_prob=None if read.log_prob is None else read.log_prob.view(B, M).sum(1),
-            entropy=None if read.entropy is None else read.entropy.view(B, M).sum(1),
-            index=None if read.index is None else read.index.view(B, M),
+            alpha=head_alpha.mean(1),  # (B*G, L): what a single map can show
+            log_prob=None if read.log_prob is None else per_query(read.log_prob).sum(1),
+            entropy=None if read.entropy is None else per_query(read.entropy).sum(1),
+            index=None if read.index is None else per_query(read.index),
             head_alpha=head_alpha,
         )
 

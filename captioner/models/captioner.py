@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from captioner.models.attention import resolve_mode
-from captioner.models.decoder import DecoderOutput, ShowAttendTellDecoder
+from captioner.models.decoders import CaptionDecoder, DecoderOutput
 from captioner.models.encoder import Encoder
 
 
@@ -46,7 +46,8 @@ class Captioner(nn.Module):
 
     Args:
         encoder: backbone producing the annotation grid (B, L, D) and its (H, W).
-        decoder: the LSTM decoder with soft or hard attention.
+        decoder: any decoder that meets the contract (models/decoders/contract.py): the LSTM of the paper
+            with soft or hard attention, or the Transformer.
         start_id, end_id, pad_id, unk_id: the special token ids decoding needs (<start> begins a
             caption, <end> ends it, <pad> and <start> are never chosen, <unk> only when allowed).
         refine: optional self-attention over the grid (identity when it has no layers).
@@ -60,7 +61,7 @@ class Captioner(nn.Module):
     def __init__(
         self,
         encoder: Encoder,
-        decoder: ShowAttendTellDecoder,
+        decoder: CaptionDecoder,
         *,
         start_id: int,
         end_id: int,
@@ -118,7 +119,7 @@ class Captioner(nn.Module):
         attention_mode: str = "soft",
         expectation_mask: torch.Tensor | None = None,
     ) -> DecoderOutput:
-        """Teacher-forced decoding over a prepared grid (B, L, D); see ShowAttendTellDecoder.forward."""
+        """Teacher-forced decoding over a prepared grid (B, L, D); see CaptionDecoder.forward."""
         return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
 
     def decode_mode(self, attention_mode: str | None) -> str:

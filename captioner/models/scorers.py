@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from captioner import kernels
+from captioner import fast_paths, kernels
 
 
 class AdditiveScorer(nn.Module):
@@ -61,16 +61,18 @@ class AdditiveScorer(nn.Module):
 
     # Whether score() may run the fused C kernel (captioner/kernels: float32 on the CPU, outside autocast):
     # one pass over the keys, no (B, G, L, A) hidden layer written or kept for the backward. False: the
-    # PyTorch ops below only (the reference that tests/test_kernels.py compares with).
+    # PyTorch ops below only (the reference that tests/test_kernels.py compares with). The reference switch
+    # (captioner/fast_paths.py) turns the kernel and the chunking off as well.
     fused = True
 
     def score(self, q: Tensor, prepared: Tensor) -> Tensor:
         """Scores from the projected query q = U h (B*G, A)."""
-        if self.fused and kernels.additive_applies(q, prepared, self.v.weight):
+        fast = fast_paths.enabled()
+        if fast and self.fused and kernels.additive_applies(q, prepared, self.v.weight):
             return kernels.additive_scores(q, prepared, self.v.weight)  # (B*G, L), one pass, nothing stored
         B, L, A = prepared.shape
         q = q.reshape(B, -1, 1, A)  # (B, G, 1, A)
-        if torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad):
+        if not fast or (torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad)):
             # tanh in place on the fresh sum: one (B, G, L, A) buffer instead of two (autograd
             # allows it: the sum's backward does not need its output).
             hidden = torch.tanh_(prepared.unsqueeze(1) + q)  # (B, G, L, A)

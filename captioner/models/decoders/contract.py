@@ -1,0 +1,259 @@
+"""What search, SCST, the losses and the overlays need from a caption decoder: the contract and its output types.
+
+A decoder reads an annotation grid (B, L, D) (Xu et al. 2015, §3.1.1) and predicts words. Everything outside
+the decoder talks to it through these members of ``CaptionDecoder`` and nothing else:
+
+    forward(grid, captions, lengths, attention_mode, expectation_mask) -> DecoderOutput
+        teacher forcing, for the cross-entropy and attention losses (losses.py, train.py). The output layer's
+        inputs come packed, real steps only (``packed_features`` + ``rows``), and L_o's parameters beside them,
+        so the loss runs the output layer fused with the cross-entropy and never on padding.
+    init_state(grid) -> state;  expand_state(state, beams) -> state
+        a state is a (nested) tuple of tensors whose dim 0 is the row; search only reorders and expands it
+        (search.py). expand_state may keep per-image tensors at B rows while per-beam ones get B*K.
+    step_with_location(tokens, state, attention_mode, dense) -> (log-probs or search.Logits, alpha (N, L),
+        location (N,) or None, state)
+        one word for N rows: what greedy and beam search drive, and where the overlays' per-word maps come from.
+    sample(grid, samples, start_id, end_id, max_length, ...) -> SampleOutput
+        captions drawn with their log-probabilities, differentiable (self-critical training, scst.py).
+    stochastic
+        True when the decoder samples where it looks (hard attention): the decoding mode then matters.
+    vocab_size, pad_id, attention_kind (the attention whose maps the overlays show, recorded in outputs)
+
+A decoder implements ``forward``, ``init_state`` and ``next_logits`` (one step's raw logits and attention
+read); the base class derives ``step_with_location``, ``step``, ``sample`` and ``expand_state`` from them. A
+fast implementation may override any of them, as long as it computes the same thing.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from captioner.models.attention import AttentionOutput, resolve_mode
+from captioner.search import Logits, map_state
+
+State = Any  # a (nested) tuple of tensors whose dim 0 is the row (search.State)
+
+
+@dataclass
+class DecoderOutput:
+    """Teacher-forced decoding of captions (B, T).
+
+    packed_features: (R, E) the output layer's input (Eq. (7) before L_o, dropout applied) at the R real
+        steps only (the output layer never runs on padding), row r predicting the flat target rows[r] of
+        captions[:, 1:] (b * (T-1) + t).
+    output_weight, output_bias: L_o's parameters (V, E) and (V,), seen through a view made in the forward pass,
+        so that DistributedDataParallel, which looks for the parameters a forward used by walking back
+        from its outputs, finds them. The losses apply L_o fused with the cross-entropy (losses.real_token_nll).
+    rows: (R,) those flat indices.
+    packed_logits: (R, V) L_o(packed_features): a property, computed on first use.
+    logits: (B, T-1, V) predicting captions[:, 1:], zero at padded steps: a property, scattered from
+        packed_logits on first use (the losses need neither).
+    alphas: (B, T-1, L), zero at padded steps.
+    log_probs: (B, T-1) log p(s_t) of the attended locations (hard attention in "sample"/"argmax"
+        modes; 0 at padded steps and for images under expectation_mask), else None.
+    entropies: (B, T-1) entropy of alpha_t (hard attention; 0 at padded steps), else None.
+    mask: (B, T-1) bool, True at real steps (t < length - 1).
+    """
+
+    packed_features: Tensor
+    output_weight: Tensor
+    output_bias: Tensor | None
+    rows: Tensor
+    alphas: Tensor
+    log_probs: Tensor | None
+    entropies: Tensor | None
+    mask: Tensor
+    _packed_logits: Tensor | None = field(default=None, repr=False)
+    _logits: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def packed_logits(self) -> Tensor:
+        if self._packed_logits is None:
+            self._packed_logits = F.linear(self.packed_features, self.output_weight, self.output_bias)  # (R, V)
+        return self._packed_logits
+
+    @property
+    def logits(self) -> Tensor:
+        if self._logits is None:
+            B, S = self.mask.shape
+            packed = self.packed_logits
+            full = packed.new_zeros(B * S, packed.shape[1]).index_copy(0, self.rows, packed)
+            self._logits = full.view(B, S, -1)  # (B, T-1, V)
+        return self._logits
+
+    @classmethod
+    def from_padded(cls, features: Tensor, alphas: Tensor, mask: Tensor, out: nn.Linear,
+                    log_probs: Tensor | None = None, entropies: Tensor | None = None) -> "DecoderOutput":
+        """Pack per-step results computed over the whole padded batch: features (B, S, E), alphas (B, S, L),
+        log_probs and entropies (B, S) or None, mask (B, S); padded steps are zeroed."""
+        B, S, E = features.shape
+        rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) real steps, row-major
+        real = mask.to(alphas.dtype)
+        bias = out.bias
+        return cls(packed_features=features.reshape(B * S, E).index_select(0, rows),
+                   output_weight=out.weight.view_as(out.weight),
+                   output_bias=None if bias is None else bias.view_as(bias),
+                   rows=rows, alphas=alphas * real.unsqueeze(2), mask=mask,
+                   log_probs=None if log_probs is None else log_probs * real,
+                   entropies=None if entropies is None else entropies * real)
+
+
+@dataclass
+class SampleOutput:
+    """Captions drawn from the decoder with their log-probabilities (for sequence-level REINFORCE).
+
+    tokens: (N, T) sampled ids w_1 .. w_n <end> <pad> ... (no <start>); a caption still running after
+        T steps has no <end>.
+    lengths: (N,) tokens per row, <end> included when there is one.
+    word_log_probs: (N, T) log p(w_t | w_<t, a), 0 after the caption's end; differentiable.
+    location_log_probs: (N, T) log p(s_t | a) of the attended cells (hard attention, "sample"/"argmax"),
+        0 after the end; else None.
+    alphas: (N, T, L) attention maps (detached).
+    location_entropies: (N, T) H[alpha_t] (hard attention; differentiable, 0 after the end), else None.
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    word_log_probs: Tensor
+    location_log_probs: Tensor | None
+    alphas: Tensor
+    location_entropies: Tensor | None = None
+
+
+def caption_mask(captions: Tensor, lengths: Tensor) -> Tensor:
+    """(B, T-1) bool, True at the steps that predict a real token of captions (B, T) (<start> w.. <end> <pad>..)
+    with lengths (B,) tokens each (<start> and <end> included); lengths outside [2, T] are an error."""
+    T = captions.shape[1]
+    steps = lengths.to(captions.device) - 1  # (B,) words to predict per caption
+    shortest, longest = int(steps.min()), int(steps.max())
+    if longest > T - 1 or shortest < 1:
+        raise ValueError(f"lengths must lie in [2, T={T}] (<start> and <end> included); "
+                         f"got {shortest + 1}..{longest + 1}")
+    return torch.arange(T - 1, device=captions.device).unsqueeze(0) < steps.unsqueeze(1)  # (B, T-1)
+
+
+class SampleDraws:
+    """The bookkeeping of sample(): per step, mask the forbidden words, draw (or take the arg-max), and keep the
+    word, its log-probability (0 once the caption ended), the location read and alpha; output() stacks them."""
+
+    def __init__(self, rows: int, start_id: int, end_id: int, pad_id: int, forbid_ids: tuple[int, ...],
+                 greedy: bool, generator: torch.Generator | None, device: torch.device) -> None:
+        self.end_id, self.pad_id, self.greedy, self.generator = end_id, pad_id, greedy, generator
+        self.forbid = sorted(set(forbid_ids) | {pad_id, start_id})  # <pad> and <start> are never words
+        self.tokens = torch.full((rows,), start_id, dtype=torch.long, device=device)
+        self.running = torch.ones(rows, dtype=torch.bool, device=device)
+        self.words: list[Tensor] = []
+        self.word_lp: list[Tensor] = []
+        self.loc_lp: list[Tensor] = []
+        self.loc_h: list[Tensor] = []
+        self.alphas: list[Tensor] = []
+
+    def draw(self, logits: Tensor, read: AttentionOutput) -> bool:
+        """Next word of every row from its logits (N, V); False once every caption has ended."""
+        logits = logits.index_fill(1, torch.tensor(self.forbid, device=logits.device), -math.inf)
+        log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+        if self.greedy:
+            tokens = log_p.argmax(dim=-1)
+        else:
+            tokens = torch.multinomial(log_p.detach().exp(), 1, generator=self.generator).squeeze(1)  # (N,)
+        live = self.running.to(log_p.dtype)
+        self.word_lp.append(log_p.gather(1, tokens.unsqueeze(1)).squeeze(1) * live)
+        if read.log_prob is not None:
+            self.loc_lp.append(read.log_prob.float() * live)
+        if read.entropy is not None:
+            self.loc_h.append(read.entropy.float() * live)
+        self.alphas.append(read.alpha.detach() * live.unsqueeze(1))
+        self.words.append(tokens.masked_fill(~self.running, self.pad_id))
+        self.running = self.running & (tokens != self.end_id)
+        self.tokens = tokens
+        return bool(self.running.any())
+
+    def output(self) -> SampleOutput:
+        tokens = torch.stack(self.words, dim=1)  # (N, T)
+        lengths = (tokens != self.pad_id).sum(dim=1)  # (N,): <pad> is never drawn
+        return SampleOutput(tokens=tokens, lengths=lengths, word_log_probs=torch.stack(self.word_lp, dim=1),
+                            location_log_probs=torch.stack(self.loc_lp, dim=1) if self.loc_lp else None,
+                            alphas=torch.stack(self.alphas, dim=1),
+                            location_entropies=torch.stack(self.loc_h, dim=1) if self.loc_h else None)
+
+
+class CaptionDecoder(nn.Module, ABC):
+    """The decoder contract (module docstring). Subclasses set ``vocab_size``, ``pad_id`` and ``attention_kind``
+    and implement ``forward``, ``init_state`` and ``next_logits``."""
+
+    vocab_size: int
+    pad_id: int
+    attention_kind: str
+
+    @property
+    def stochastic(self) -> bool:
+        """True when the decoder samples where it looks (hard attention): the only kind whose decoding mode
+        matters (attention.resolve_mode)."""
+        return False
+
+    def _mode(self, attention_mode: str) -> str:
+        return resolve_mode(attention_mode, self.stochastic)
+
+    @abstractmethod
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+                expectation_mask: Tensor | None = None) -> DecoderOutput:
+        """Teacher-forced decoding of captions (B, T) = <start> w_1 .. w_n <end> <pad>.. with lengths (B,) = n + 2
+        over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there."""
+
+    @abstractmethod
+    def init_state(self, grid: Tensor) -> State:
+        """The state before the first word for grid (B, L, D); every tensor has dim 0 = B."""
+
+    @abstractmethod
+    def next_logits(self, tokens: Tensor, state: State, attention_mode: str) -> tuple[Tensor, AttentionOutput, State]:
+        """One word for N rows: tokens (N,) -> (logits (N, V), the step's attention read (alpha (N, L), and for
+        hard attention log_prob, entropy, index), new state). ``attention_mode`` is already resolved."""
+
+    def expand_state(self, state: State, beams: int) -> State:
+        """``beams`` consecutive rows per image (search's ``expand``): every tensor repeated."""
+        return map_state(state, lambda x: x.repeat_interleave(beams, dim=0))
+
+    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "soft",
+                           dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
+        """One word for N states: (log_probs (N, V), alpha (N, L), location (N,) long or None, new state).
+
+        location is the cell read in hard attention's "sample"/"argmax" modes (in "sample" mode not
+        necessarily alpha's arg-max), else None. With ``dense=False`` the log-probs come as search.Logits
+        (the raw logits), which the searches read without forming the (N, V) log-softmax.
+        """
+        logits, read, state = self.next_logits(tokens, state, self._mode(attention_mode))
+        log_probs = F.log_softmax(logits, dim=-1) if dense else Logits(logits)
+        return log_probs, read.alpha, read.index, state
+
+    def step(self, tokens: Tensor, state: State, attention_mode: str = "soft") -> tuple[Tensor, Tensor, State]:
+        """One word for N states: tokens (N,) -> (log_probs (N, V), alpha (N, L), new state)."""
+        log_probs, alpha, _, state = self.step_with_location(tokens, state, attention_mode)
+        return log_probs, alpha, state
+
+    def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
+               attention_mode: str = "sample", forbid_ids: tuple[int, ...] = (), greedy: bool = False,
+               generator: torch.Generator | None = None) -> SampleOutput:
+        """Draw ``samples`` captions per image (rows i*samples .. i*samples+samples-1 belong to image i),
+        keeping the graph: the gradient of Σ_t log p(w_t) (+ log p(s_t) for hard attention) is the
+        REINFORCE gradient of self-critical training (losses.scst_loss).
+
+        ``forbid_ids`` (e.g. <unk>; <pad> and <start> always) get probability 0: the policy being trained is
+        the masked one. ``greedy`` takes each step's arg-max word instead (the Rennie et al. baseline).
+        Dropout is active in training mode, with the same mask for the draw and the gradient (one forward),
+        so the estimate stays on-policy.
+        """
+        mode = self._mode(attention_mode)
+        state = self.expand_state(self.init_state(grid), samples)
+        draws = SampleDraws(grid.shape[0] * samples, start_id, end_id, self.pad_id, forbid_ids, greedy, generator,
+                            grid.device)
+        for _ in range(max_length):
+            logits, read, state = self.next_logits(draws.tokens, state, mode)
+            if not draws.draw(logits, read):
+                break
+        return draws.output()

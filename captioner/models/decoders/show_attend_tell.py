@@ -1,0 +1,118 @@
+"""The attention LSTM decoder of Xu et al. 2015 ("Show, Attend and Tell"), §3.1.2 and §4, as plain PyTorch.
+
+    h_0, c_0 = f_init,h(mean_i a_i), f_init,c(mean_i a_i)            §3.1.2
+    alpha_t, z_t = attention(h_{t-1}, {a_i})                        Eq. (4)-(6), §4.1 (hard) / §4.2 (soft)
+    beta_t = sigmoid(f_beta(h_{t-1}))                                §4.2.1 (the gating scalar)
+    h_t, c_t = LSTM([E y_{t-1}; beta_t z_t], (h_{t-1}, c_{t-1}))     Eq. (1)-(3)
+    p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z beta_t z_t))          Eq. (7), the deep output
+
+This module is the reference: the equations one step at a time over the whole padded batch. What training
+and decoding run by default is its fast path, ``FastShowAttendTellDecoder`` (show_attend_tell_fast.py): the
+same parameters and state_dict, the same results to float rounding, several times faster. The reference
+switch (captioner/fast_paths.py) makes the fast path run this code, and tests/test_fast_paths.py holds the
+two together.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from captioner.models.attention import AttentionOutput, build_attention
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask
+
+GATES = ("scalar", "vector", "none")
+
+
+class ShowAttendTellDecoder(CaptionDecoder):
+    """LSTM caption decoder with soft or hard attention over an annotation grid (B, L, D).
+
+    Args:
+        vocab_size: V.
+        feature_dim: D, size of an annotation vector.
+        embed_dim: size of the word embedding E (also the deep-output size, Eq. (7)).
+        hidden_dim: LSTM size.
+        attention_dim: hidden size of the scorer / size of projected keys.
+        scorer: scoring function name (scorers.SCORERS).
+        attention: "soft", "hard", "key_value" or "multi_head" (attention.ATTENTIONS).
+        heads: heads for "multi_head".
+        gate: "scalar" (the paper's beta_t), "vector" (one gate per context channel) or "none".
+        dropout: dropout on the deep output before L_o.
+        feature_dropout: dropout on the annotation vectors during teacher-forced training (not in the
+            paper; a frozen encoder's 6,000 Flickr8k grids are otherwise memorised within a few epochs).
+        pad_id: id of <pad> (its embedding stays zero).
+    """
+
+    def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
+                 hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
+                 attention: str = "soft", heads: int = 1, gate: str = "scalar",
+                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0) -> None:
+        super().__init__()
+        if gate not in GATES:
+            raise ValueError(f"unknown gate {gate!r}; valid gates: {', '.join(GATES)}")
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
+        self.attention_kind = attention
+        self.attention = build_attention(attention, scorer, key_dim=feature_dim,
+                                         query_dim=hidden_dim, attention_dim=attention_dim,
+                                         heads=heads)
+        context_dim = self.attention.out_dim
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
+        # f_init,h and f_init,c: one tanh layer each, as in the authors' code.
+        self.init_h = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.Tanh())
+        self.init_c = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.Tanh())
+        self.gate = None if gate == "none" else nn.Linear(hidden_dim, 1 if gate == "scalar" else context_dim)
+        self.lstm = nn.LSTMCell(embed_dim + context_dim, hidden_dim)
+        self.out_h = nn.Linear(hidden_dim, embed_dim)  # L_h
+        self.out_z = nn.Linear(context_dim, embed_dim, bias=False)  # L_z (L_h carries the bias)
+        self.dropout = nn.Dropout(dropout)
+        self.feature_dropout = nn.Dropout(feature_dropout)
+        self.out = nn.Linear(embed_dim, vocab_size)  # L_o
+
+    @property
+    def stochastic(self) -> bool:
+        """True for hard attention: the only kind whose decoding mode matters."""
+        return self.attention.stochastic
+
+    def init_state(self, grid: Tensor) -> State:
+        """(h_0, c_0, *attention memory) for grid (B, L, D): §3.1.2, and the keys projected once per image."""
+        mean = grid.mean(dim=1)  # (B, D)
+        return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
+
+    def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None
+              ) -> tuple[State, Tensor, AttentionOutput]:
+        """One step of Eq. (1)-(6) for word embeddings emb (N, E) = E y_{t-1}. Returns (new state, beta_t z_t, read)."""
+        h, c, *memory = state
+        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic)
+        z = read.context  # (N, Z): z_t, Eq. (6) (soft) or (8) (hard)
+        if self.gate is not None:
+            z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
+        h, c = self.lstm(torch.cat([emb, z], dim=1), (h, c))  # Eq. (1)-(3); gates i, f, g, o
+        return (h, c, *memory), z, read
+
+    def deep_features(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
+        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t)."""
+        return self.dropout(emb + self.out_h(h) + self.out_z(z))
+
+    def next_logits(self, tokens: Tensor, state: State, attention_mode: str) -> tuple[Tensor, AttentionOutput, State]:
+        emb = self.embedding(tokens)  # (N, E)
+        state, z, read = self.recur(emb, state, attention_mode)
+        return self.out(self.deep_features(emb, state[0], z)), read, state  # (N, V)
+
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+                expectation_mask: Tensor | None = None) -> DecoderOutput:
+        """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch."""
+        mode = self._mode(attention_mode)
+        mask = caption_mask(captions, lengths)  # (B, T-1)
+        grid = self.feature_dropout(grid)  # identity in eval mode
+        emb = self.embedding(captions[:, :-1])  # (B, T-1, E): E y_{t-1} for every step
+        state = self.init_state(grid)
+        features, reads = [], []
+        for t in range(captions.shape[1] - 1):
+            state, z, read = self.recur(emb[:, t], state, mode, expectation_mask)
+            features.append(self.deep_features(emb[:, t], state[0], z))  # (B, E)
+            reads.append(read)
+        per_step = lambda values: None if values[0] is None else torch.stack(values, dim=1)  # noqa: E731
+        return DecoderOutput.from_padded(
+            features=torch.stack(features, dim=1), alphas=per_step([r.alpha for r in reads]), mask=mask,
+            out=self.out, log_probs=per_step([r.log_prob for r in reads]),
+            entropies=per_step([r.entropy for r in reads]))

@@ -1,0 +1,174 @@
+"""Every registered decoder (models/decoders' DECODERS) through the contract that search, SCST, the losses and the
+overlays use, on a tiny model: teacher forcing and its packed rows, step() == teacher forcing, the loss falls,
+greedy == beam 1, per-image state == copied state in beam search, sampling and SCST's loss, per-word overlays.
+The Transformer's own parts (causal mask, KV cache, overlay layer) are checked at the end."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
+from captioner.models.attention import ATTENTIONS
+from captioner.models.decoders import DECODERS, CaptionDecoder, DecoderOutput, build_decoder, decoder_arguments
+from captioner.search import beam_search, greedy_search
+from captioner.visualize import overlay_attention
+
+KINDS = sorted(DECODERS)
+V, D, GRID_HW = 19, 12, (2, 3)
+L = GRID_HW[0] * GRID_HW[1]
+START, END, PAD = 1, 2, 0
+
+
+def tiny(kind: str, dropout: float = 0.0, **overrides) -> CaptionDecoder:
+    torch.manual_seed(0)
+    sizes = dict(embed_dim=16, hidden_dim=24, attention_dim=16, heads=2, layers=2, dropout=dropout, **overrides)
+    takes = decoder_arguments(kind)
+    return build_decoder(kind, vocab_size=V, feature_dim=D, pad_id=PAD,
+                         **{name: value for name, value in sizes.items() if name in takes})
+
+
+def batch(b: int = 4, t: int = 8, seed: int = 0):
+    """Random grids and captions <start> w.. <end> <pad>.. of varied lengths (longest = t)."""
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.randn(b, L, D, generator=g)
+    lengths = torch.randint(3, t + 1, (b,), generator=g)
+    lengths[0] = t
+    captions = torch.randint(4, V, (b, t), generator=g)
+    captions[:, 0] = START
+    for i, n in enumerate(lengths.tolist()):
+        captions[i, n - 1] = END
+        captions[i, n:] = PAD
+    return grid, captions, lengths
+
+
+def _step_fn(dec: CaptionDecoder):
+    def step(tokens, state):
+        log_probs, alpha, location, state = dec.step_with_location(tokens, state, "soft", dense=False)
+        return log_probs, (alpha, location), state
+    return step
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_teacher_forcing_packs_the_real_steps_and_step_reproduces_it(kind):
+    dec = tiny(kind, dropout=0.3).eval()
+    assert isinstance(dec, CaptionDecoder) and dec.attention_kind in ATTENTIONS and not dec.stochastic
+    grid, captions, lengths = batch()
+    with torch.no_grad():
+        out = dec(grid, captions, lengths)
+        assert isinstance(out, DecoderOutput)
+        assert out.logits.shape == (4, 7, V) and out.alphas.shape == (4, 7, L)
+        assert torch.equal(out.mask, torch.arange(7)[None] < (lengths - 1)[:, None])
+        assert sorted(out.rows.tolist()) == out.mask.reshape(-1).nonzero().squeeze(1).tolist()
+        torch.testing.assert_close(out.alphas.sum(-1), out.mask.float())  # 1 at real steps, 0 at padding
+        state = dec.init_state(grid)
+        for t in range(captions.shape[1] - 1):
+            log_probs, alpha, state = dec.step(captions[:, t], state)
+            real = out.mask[:, t]
+            torch.testing.assert_close(log_probs[real], F.log_softmax(out.logits[real, t], -1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(alpha[real], out.alphas[real, t], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cross_entropy_loss_falls(kind):
+    torch.manual_seed(0)
+    dec = tiny(kind)
+    grid = torch.randn(32, L, D)
+    top = grid[:, :, 0].topk(2, dim=1).indices + 4  # caption = the two cells with the largest first feature
+    captions = torch.cat([torch.full((32, 1), START), top, torch.full((32, 1), END)], dim=1)
+    lengths = torch.full((32,), 4)
+    opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss = soft_attention_loss(dec(grid, captions, lengths), captions[:, 1:], alpha_c=0.0).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0], losses[::10]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_beam_search_greedy_and_per_word_overlays(kind):
+    dec = tiny(kind).eval()
+    with torch.no_grad():
+        dec.out.bias[END] -= 3.0  # captions of a few words
+    grid = torch.randn(3, L, D)
+    common = dict(batch_size=3, start_id=START, end_id=END, max_length=6, forbid_ids=(PAD, START))
+    with torch.no_grad():
+        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), **common)
+        beam1 = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=1, expand=dec.expand_state, **common)
+        shared = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=3, n_best=2, expand=dec.expand_state,
+                             **common)
+        copied = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=3, n_best=2, **common)
+    assert [h[0].tokens for h in greedy] == [h[0].tokens for h in beam1]
+    for a, b in zip(shared, copied):  # per-image memory (expand_state) against every tensor copied per beam
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert all(abs(x.score - y.score) < 1e-5 for x, y in zip(a, b))
+    for hyps in shared:
+        best = hyps[0]
+        assert best.tokens and best.alphas.shape == (len(best.tokens), L)
+        torch.testing.assert_close(best.alphas.sum(1), torch.ones(len(best.tokens)))
+        words = [f"w{i}" for i in best.tokens]
+        figure = overlay_attention(torch.zeros(8, 12, 3, dtype=torch.uint8).numpy(), words, best.alphas, GRID_HW)
+        assert len(figure.axes) == len(words) + 1  # the image, then one panel per word
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampling_and_the_scst_loss_train_every_part(kind):
+    dec = tiny(kind, dropout=0.1).train()
+    grid = torch.randn(2, L, D)
+    k = 3
+    sample = dec.sample(grid, k, START, END, max_length=5, forbid_ids=(3,))
+    N = 2 * k
+    assert sample.tokens.shape == sample.word_log_probs.shape and sample.tokens.shape[0] == N
+    assert sample.alphas.shape == (*sample.tokens.shape, L)
+    assert not torch.isin(sample.tokens, torch.tensor([3, START])).any()
+    after_end = torch.arange(sample.tokens.shape[1])[None] >= sample.lengths[:, None]
+    assert (sample.word_log_probs[after_end] == 0).all() and (sample.word_log_probs[~after_end] < 0).all()
+    rewards = torch.rand(N, generator=torch.Generator().manual_seed(0))
+    baselines = scst_baseline(rewards.view(-1, k), "mean").reshape(-1)
+    scst_loss(sample, rewards, baselines).loss.backward()
+    for name in ("embedding.weight", "out.weight"):
+        assert dec.get_parameter(name).grad.abs().sum() > 0, name
+    reached = [n for n, p in dec.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert any("attention" in n for n in reached), reached  # the policy gradient reaches the attention
+    # greedy sampling (SCST's greedy baseline) decodes what greedy search decodes
+    dec.eval()
+    with torch.no_grad():
+        drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True)
+        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), batch_size=2, start_id=START, end_id=END,
+                               max_length=5, forbid_ids=(PAD, START))
+    for row, hyp in zip(drawn.tokens.tolist(), greedy):
+        assert row[:len(hyp[0].tokens)] == hyp[0].tokens
+
+
+# --------------------------------------------------------------------------- the Transformer's own parts
+
+
+def test_transformer_words_see_only_earlier_words():
+    dec = tiny("transformer").eval()
+    grid, captions, lengths = batch()
+    changed = captions.clone()
+    changed[:, 4] = (captions[:, 4] + 1) % (V - 4) + 4  # a later word differs
+    with torch.no_grad():
+        a, b = dec(grid, captions, lengths).logits, dec(grid, changed, torch.full_like(lengths, 8)).logits
+    torch.testing.assert_close(a[:, :4], b[:, :4])  # steps 0..3 read words 0..3 only
+    assert not torch.allclose(a[0, 4], b[0, 4])
+
+
+def test_transformer_overlay_layer_and_cache():
+    grid, captions, lengths = batch()
+    first, last = tiny("transformer", overlay_layer=0).eval(), tiny("transformer").eval()
+    last.load_state_dict(first.state_dict())  # one set of weights, two layers shown
+    with torch.no_grad():
+        out_first, out_last = first(grid, captions, lengths), last(grid, captions, lengths)
+        torch.testing.assert_close(out_first.packed_logits, out_last.packed_logits)
+        assert not torch.allclose(out_first.alphas, out_last.alphas)
+        grid_memory, words = first.init_state(grid)
+        for t in range(3):
+            _, _, (grid_memory_t, words) = first.step(captions[:, t], (grid_memory, words))
+            assert grid_memory_t is grid_memory  # the grid's keys and values: once per image
+            assert all(v.shape[2] == t + 1 for v, _ in words)  # one cached position per word
+    with pytest.raises(ValueError, match="overlay_layer 2 is not a layer of 2"):
+        tiny("transformer", overlay_layer=2)
