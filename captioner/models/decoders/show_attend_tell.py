@@ -111,8 +111,11 @@ class ShowAttendTellDecoder(CaptionDecoder):
             state, z, read = self.recur(emb[:, t], state, mode, expectation_mask)
             features.append(self.deep_features(emb[:, t], state[0], z))  # (B, E)
             reads.append(read)
-        per_step = lambda values: None if values[0] is None else torch.stack(values, dim=1)  # noqa: E731
         return DecoderOutput.from_padded(
-            features=torch.stack(features, dim=1), alphas=per_step([r.alpha for r in reads]), mask=mask,
-            out=self.out, log_probs=per_step([r.log_prob for r in reads]),
-            entropies=per_step([r.entropy for r in reads]))
+            features=torch.stack(features, dim=1), alphas=_by_step([r.alpha for r in reads]), mask=mask,
+            out=self.out, log_probs=_by_step([r.log_prob for r in reads]), entropies=_by_step([r.entropy for r in reads]))
+
+
+def _by_step(values: list[Tensor | None]) -> Tensor | None:
+    """T-1 per-step tensors (B, *) -> (B, T-1, *); None when the steps have none (soft attention's log p(s_t))."""
+    return None if values[0] is None else torch.stack(values, dim=1)
