@@ -112,6 +112,9 @@ def test_files_it_cannot_read_are_errors_that_name_them(tmp_path):
     with pytest.raises(DataError, match=r"c.csv: needs exactly one image column named image or file_name "
                                         r"\(columns found: path, caption\)"):
         load_records(_config(root, tmp_path / "c.csv").data, "train")
+    (tmp_path / "c.csv").write_bytes("image,caption\n00.png,un carré rouge\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"c.csv: not UTF-8 text"):
+        load_records(_config(root, tmp_path / "c.csv").data, "train")
     (tmp_path / "c.txt").write_text("image,caption\n")
     with pytest.raises(DataError, match=r"unknown captions file type '.txt' \(valid: .csv, .jsonl, .ndjson\)"):
         load_records(_config(root, tmp_path / "c.txt").data, "train")

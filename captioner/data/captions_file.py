@@ -183,7 +183,10 @@ def _read_table(path: Path, root: Path | None, stamp: tuple[int, int]) -> Captio
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"{path}: unknown captions file type {path.suffix!r} (valid: {', '.join(SUFFIXES)})")
-    fields = list(_csv_fields(path) if kind == "csv" else _jsonl_fields(path))
+    try:
+        fields = list(_csv_fields(path) if kind == "csv" else _jsonl_fields(path))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err}); save it as UTF-8") from None
     columns = _columns(path, kind, fields)
     image_col = _pick(columns, IMAGE_COLUMNS, path, "image")
     caption_col = _pick(columns, CAPTION_COLUMNS, path, "caption")
