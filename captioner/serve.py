@@ -178,9 +178,8 @@ def create_app(
     ``caption_image``, ``GET /api/info`` the settings. ``app.state.gate`` is the AdmissionGate.
     """
     require_serve_packages()
-    from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse
-    from starlette.concurrency import run_in_threadpool
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
 
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
@@ -220,26 +219,39 @@ def create_app(
     def get_info() -> dict:
         return info
 
-    @app.post("/api/caption")
+    app.post("/api/caption")(_caption_route(gate, caption_upload, max_upload_bytes))
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, token=token)  # every route, the page included
+    return app
+
+
+def _caption_route(gate: AdmissionGate, caption_upload: Any, max_upload_bytes: int) -> Any:
+    """``POST /api/caption``: admission (503 before the body is read), the body under its limit (413), then
+    decode and caption in a worker thread inside a gate slot (the event loop never blocks)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    def refuse(status: int, detail: str, headers: dict[str, str] | None = None) -> Any:
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
     async def post_caption(request: Request) -> Any:
         try:
-            gate.admit()  # before a byte of the body is read: 503 at once when full
+            gate.admit()
         except Refusal as err:
-            return JSONResponse({"detail": err.detail}, status_code=err.status, headers=err.headers)
+            return refuse(err.status, err.detail, err.headers)
         try:
             filename, data = await read_multipart_upload(dict(request.headers), request.stream(), max_upload_bytes)
             async with gate.slot():
                 result = await run_in_threadpool(caption_upload, data, filename)
         except Refusal as err:
-            return JSONResponse({"detail": err.detail}, status_code=err.status, headers=err.headers)
+            return refuse(err.status, err.detail, err.headers)
         except UploadError as err:
-            return JSONResponse({"detail": str(err)}, status_code=400)
+            return refuse(400, str(err))
         finally:
             gate.leave()
         return {"filename": filename, **result}
 
-    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts, token=token)  # every route, the page included
-    return app
+    return post_caption
 
 
 @contextlib.contextmanager

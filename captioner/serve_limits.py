@@ -156,7 +156,8 @@ class AdmissionGate:
         self.admitted = 0  # requests between admit() and leave(): reading their body, waiting or in flight
         self.peak = 0
         self.service_s = 1.0  # moving average of one upload's decode + caption time
-        self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
+        self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it (a test client may
+        self._loop: asyncio.AbstractEventLoop | None = None  # run each request on a loop of its own)
 
     @property
     def capacity(self) -> int:
@@ -178,8 +179,9 @@ class AdmissionGate:
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_in_flight)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._slots, self._loop = asyncio.Semaphore(self.max_in_flight), loop
         async with self._slots:
             start = time.perf_counter()
             try:
