@@ -252,9 +252,7 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     if not encoder.frozen:
         raise FeatureCacheError("the encoder fine-tunes (finetune_blocks > 0): its grids change during training, "
                                 "so they cannot be cached; set model.encoder.finetune_blocks=0 or data.use_cache=false")
-    records = list(records)
-    paths = _paths_by_id(records)
-    mirrored = {str(r.image_id) for r in records if getattr(r, "mirrored", False)}
+    paths, mirrored = _paths_by_id(records)
     directory = Path(out_dir)
     fingerprint = encoder.fingerprint()
     grid_hw, dim = tuple(encoder.grid_hw), int(encoder.backbone_dim)
@@ -270,10 +268,10 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     device = torch.device(device) if device is not None else next(encoder.parameters()).device
     encoder.to(device=device, memory_format=torch.channels_last).eval()
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16  # CPUs autocast to bfloat16 only
-    loader = DataLoader(_ImageFiles([r for r, _ in todo], [paths[i] for _, i in todo], encoder.transform,
-                                    encoder.input_size, flips=[i in mirrored for _, i in todo]),
-                        batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+    files = _ImageFiles([r for r, _ in todo], [paths[i] for _, i in todo], encoder.transform, encoder.input_size,
+                        flips=[i in mirrored for _, i in todo])
+    loader = DataLoader(files, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda",
+                        prefetch_factor=4 if num_workers else None)
     grids = np.memmap(directory / GRIDS_FILE, dtype=np.float16, mode="r+", shape=cache.shape)  # (N, L, D)
     n_failed, processed, start = 0, 0, time.perf_counter()
     from tqdm.auto import tqdm
@@ -308,16 +306,19 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     return _reopen_with_stats(directory, paths, processed, time.perf_counter() - start)
 
 
-def _paths_by_id(records: Iterable[Any]) -> dict[str, str]:
-    """image_id -> path of every record; a repeated id must name the same file."""
+def _paths_by_id(records: Iterable[Any]) -> tuple[dict[str, str], set[str]]:
+    """(image_id -> path of every record, the ids of mirrored copies); a repeated id must name the same file."""
     paths: dict[str, str] = {}
+    mirrored: set[str] = set()
     for r in records:
         image_id, path = str(r.image_id), str(r.path)
         if paths.setdefault(image_id, path) != path:
             raise ValueError(f"image id {image_id!r} names two files: {paths[image_id]} and {path}")
+        if getattr(r, "mirrored", False):
+            mirrored.add(image_id)
     if not paths:
         raise ValueError("extract_features: no records")
-    return paths
+    return paths, mirrored
 
 
 def _reopen_with_stats(directory: Path, paths: dict[str, str], processed: int, seconds: float) -> FeatureCache:
