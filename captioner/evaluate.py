@@ -96,6 +96,15 @@ def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: An
 
 
 @torch.no_grad()
+def _check_reencoding(jpeg_quality: int | None, cache: Any) -> None:
+    """A re-encoding request is a valid JPEG quality, and never meets the cache (its grids are the originals')."""
+    if jpeg_quality is not None:
+        check_jpeg_quality(jpeg_quality)
+        if cache is not None:
+            raise ValueError(f"jpeg_quality={jpeg_quality} re-encodes the images, but the feature cache holds the "
+                             f"grids of the original files: pass cache=None")
+
+
 def evaluate_model(
     model,
     records: Sequence,
@@ -127,11 +136,7 @@ def evaluate_model(
     the tokenizer the scores used and the decoding settings (``block_trigrams`` defaults to the model's,
     its config's eval section; ``jpeg_quality`` is None when the images were not re-encoded).
     """
-    if jpeg_quality is not None:
-        check_jpeg_quality(jpeg_quality)
-        if cache is not None:
-            raise ValueError(f"jpeg_quality={jpeg_quality} re-encodes the images, but the feature cache holds the "
-                             f"grids of the original files: pass cache=None")
+    _check_reencoding(jpeg_quality, cache)
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
     predictions: dict[str, str] = {}
