@@ -137,7 +137,7 @@ void row_best_log_probs(const float *x, const float *bias, int64_t N, int64_t V,
     }
 }
 
-/* 3. The LSTM cell of a decoding step (ShowAttendTellDecoder._recur without autograd), one pass per row:
+/* 3. The LSTM cell of a decoding step (FastShowAttendTellDecoder._recur_fast without autograd), one pass per row:
 
        beta = sigmoid(gate_logit[n])   (1 without the gate: gate_logit NULL)
        gates = a + b + beta z[:, :4H]  (or gates = a: b and z both NULL), blocks i, f, g, o of H each
