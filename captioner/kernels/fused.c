@@ -12,6 +12,7 @@
    Every output element is computed by one thread in a fixed order, so results do not depend on the
    thread count.
    2. The searches' read of a step's logits (row_best_log_probs, below).
+   3. A decoding step's LSTM cell (lstm_cell, below).
    Built at first use with the system C compiler (-O3 -march=native -fopenmp), no -ffast-math. */
 #include <math.h>
 #include <stdint.h>
