@@ -15,6 +15,10 @@ The cheap commands then run for real, in README order, in a scratch directory la
 (without data/ and runs/): `python -c` code, the fenced Python blocks, `captioner caption` on files that
 exist (with the shipped model), `captioner caption --list-models`, `captioner config ...` and `--help`.
 The caption the README quotes for its photograph must be the one the shipped model gives.
+
+Beyond the README: every `--flag` written after `captioner COMMAND` in a docs page or a config header must
+be an option of that command, and every local link of the README and docs/ must lead to a file (and
+heading) that exists.
 """
 
 from __future__ import annotations
@@ -24,10 +28,8 @@ import contextlib
 import functools
 import importlib
 import io
-import os
 import re
 import shlex
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +247,50 @@ def check_command(argv: list[str], cwd: Path, files: bool = True) -> list[str]:
     return [f"{program}: a program tests/test_readme.py does not know; teach it how to check it"]
 
 
+def option_strings(command: str) -> set[str] | None:
+    """Every option string `captioner COMMAND` accepts, its sub-commands' included (None: no such command)."""
+    class _Got(Exception):
+        def __init__(self, parser: argparse.ArgumentParser):
+            self.parser = parser
+
+    def grab(self, args=None, namespace=None):
+        raise _Got(self)
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", grab), \
+            contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            console_main()([command])
+        except _Got as got:
+            parser = got.parser
+        else:
+            return None
+    options = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options |= set(sub._option_string_actions)
+    return options
+
+
+def flags_named(text: str, yaml_comments: bool = False) -> list[tuple[str, str]]:
+    """(command, --flag) for every flag that follows `captioner COMMAND` in the code of a Markdown page (fenced
+    shell blocks line by line, without their comments; inline spans) or, with ``yaml_comments``, in the comment
+    lines of a YAML file."""
+    pieces: list[str] = []
+    if yaml_comments:
+        pieces = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    else:
+        for block in FENCE.finditer(text):
+            if block.group(1) in ("bash", "sh", "shell", "console"):
+                pieces += [re.sub(r"(^|\s)#.*$", "", line) for line in block.group(2).replace("\\\n", " ").splitlines()]
+        pieces += re.findall(r"`([^`]+)`", FENCE.sub("", text))
+    found = []
+    for piece in pieces:
+        for use in re.finditer(r"\bcaptioner\s+([a-z]+)\b(.*?)(?=\bcaptioner\s+[a-z]+\b|&&|$)", piece, re.S):
+            found += [(use.group(1), flag) for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", use.group(2))]
+    return found
+
+
 # --- a scratch checkout ---------------------------------------------------------------------------------
 
 
@@ -362,6 +408,37 @@ def test_local_links_lead_to_files_and_headings_that_exist(page):
             if anchor not in headings:
                 problems.append(f"{target}: no heading with that anchor in {file.name}")
     assert not problems, f"{page.name}: " + "; ".join(problems)
+
+
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "captioner" / "configs").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_flag_the_docs_name_exists(page):
+    """A flag written after `captioner COMMAND` in the README, a docs page or a config header is one that
+    command's parser accepts (prose and placeholders are not parsed, so this is checked apart)."""
+    problems = []
+    for command, flag in flags_named(page.read_text(), yaml_comments=page.suffix == ".yaml"):
+        options = _options(command)
+        if options is None:
+            problems.append(f"`captioner {command}`: no such command")
+        elif flag not in options:
+            problems.append(f"`captioner {command} {flag}`: no such option")
+    assert not problems, f"{page.name}: " + "; ".join(sorted(set(problems)))
+
+
+@functools.lru_cache
+def _options(command: str) -> set[str] | None:
+    return option_strings(command)
+
+
+def test_flags_named_reads_code_not_prose():
+    text = "the `--beam` flag and `captioner caption x.png --beam 3 --n-bset 2`\n```bash\n" \
+           "captioner evaluate --split val  # not --this\ncaptioner serve --port 1 && captioner train --config x\n```\n"
+    assert flags_named(text) == [("evaluate", "--split"), ("serve", "--port"), ("train", "--config"),
+                                     ("caption", "--beam"), ("caption", "--n-bset")]
+    assert "--n-bset" not in _options("caption") and "--n-best" in _options("caption")
+    assert _options("no-such-command") is None
 
 
 def test_the_cheap_readme_commands_run_as_written(readme_items, clone, monkeypatch, capsys):
