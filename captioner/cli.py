@@ -96,7 +96,7 @@ def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str
 
 def _caption_parser() -> argparse.ArgumentParser:
     from captioner.arguments import int_at_least
-    from captioner.models.attention import HARD_DECODING_MODES
+    from captioner.names import HARD_DECODING_MODES
 
     parser = argparse.ArgumentParser(prog="captioner caption", description=caption_main.__doc__)
     parser.add_argument("images", nargs="*", help="image files, globs or directories")

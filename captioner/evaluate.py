@@ -24,7 +24,8 @@ from captioner.arguments import int_at_least
 from captioner.atomic import write_text_atomic
 from captioner.data.images import JPEG_QUALITIES, check_jpeg_quality
 from captioner.decode import decode_batches
-from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
+from captioner.models.attention import ONE_CELL_MODES
+from captioner.names import HARD_DECODING_MODES
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
                                caption_scores, cells_of, cells_read, grounding_shares, resolve_tokenizer)
 

@@ -297,7 +297,7 @@ def render_page(info: dict) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     from captioner.arguments import int_at_least
-    from captioner.models.attention import HARD_DECODING_MODES
+    from captioner.names import HARD_DECODING_MODES
 
     parser = argparse.ArgumentParser(prog="captioner serve", description=main.__doc__)
     parser.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,

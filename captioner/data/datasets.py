@@ -28,13 +28,12 @@ import torch
 from torch.utils.data import Dataset
 
 from captioner.data.vocab import Vocab, tokenize
+from captioner.names import SPLITS  # named below the config, which checks eval.split
 
 if TYPE_CHECKING:  # annotations only: the config asks this module for its formats (LOADERS), not the reverse
     from captioner.config import DataConfig
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val", "test")
 
 # What to download when a file is missing, per format (the error message names it).
 DOWNLOAD_HINTS = {
