@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("captioner.score", "score a COCO-format results file against Karpathy, COCO or captions-file references"),
     "extract": ("captioner.extract", "precompute encoder grids into the feature cache"),
     "demo": ("captioner.demo", "the end-to-end run on the built-in shapes data"),
-    "export": ("captioner.zoo", "write a trained run as a Hub-style model folder (safetensors, config.json, card)"),
+    "export": ("captioner.commands.export", "write a trained run as a Hub-style model folder (safetensors, config.json, card)"),
     "config": ("captioner.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.data.shapes", "write the built-in synthetic shapes data set"),
     "serve": ("captioner.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
