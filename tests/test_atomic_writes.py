@@ -66,7 +66,7 @@ def test_export_writes_its_model_folder_atomically(tmp_path, smoke_checkpoint):
 
 
 def test_evaluate_out_is_atomic(tmp_path, smoke_checkpoint):
-    from captioner.evaluate import main as evaluate
+    from captioner.commands.evaluate import main as evaluate
 
     out = tmp_path / "result.json"
     with file_events() as events:

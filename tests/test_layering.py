@@ -6,8 +6,8 @@
 - ``captioner/models/`` holds pure modules: they import neither the data layer, the config, the
   checkpoint format nor the application (``captioner.api``) or the command line;
 - ``captioner/data/`` knows files and records, not models;
-- ``captioner/train.py`` imports no command module (the decode loop it shares with ``evaluate`` lives
-  in ``captioner/decode.py``, below both), and neither does any other library module.
+- the command line (``cli.py``, ``commands/``, ``__main__.py``) owns every ``main``: no library module defines
+  one or imports a command.
 
 Every import counts, function-level (lazy) and ``TYPE_CHECKING`` ones included.
 """
@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "captioner"
-COMMAND_MODULES = ("captioner.cli", "captioner.commands", "captioner.__main__", "captioner.evaluate", "captioner.extract",
-                   "captioner.demo", "captioner.serve", "captioner.score")
+COMMAND_MODULES = ("captioner.cli", "captioner.commands", "captioner.__main__")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -228,3 +227,18 @@ def test_training_imports_no_command_module():
 def test_no_library_module_imports_a_command():
     assert len(_library()) > 40
     assert _violations(_library(), COMMAND_MODULES) == []
+
+
+def test_the_command_line_owns_every_main():
+    """Library modules keep the functions commands call (train(), evaluate_model(), ...); the parsing, the
+    ``main`` and the ``python -m`` entry live in cli.py, commands/ and __main__.py."""
+    found = []
+    for path in _library():
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.Assign)) and "main" in (
+                    [node.name] if isinstance(node, ast.FunctionDef) else [getattr(t, "id", "") for t in node.targets]):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} defines main")
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} runs as a script")
+    assert found == []
