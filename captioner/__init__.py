@@ -9,7 +9,7 @@ The public Python API is deliberately tiny (CLIP-style)::
     results = model.caption(["photo.jpg"], beam=3)
 """
 
-__version__ = "0.1.0"
+from captioner.version import __version__
 
 
 def load_captioner(path=None, device: str = "cpu"):

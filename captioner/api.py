@@ -7,6 +7,11 @@ evaluation, the shipped models and checkpoint loading all build through it. The 
 knows, the vocabulary and the resolved config, and ``caption()``, which turns images into words with
 their per-word attention (Xu et al. 2015, §5.4's visualisations). ``load_captioner`` returns the
 model together with its preprocessing (``model.transform``), as CLIP's ``load`` does.
+
+Loading sits on top of the modules that know where models live: checkpoints (captioner/checkpoint.py),
+Hub-style model folders (captioner/hub.py: the format, read and written) and the shipped models
+(captioner/zoo.py: the catalogue). Those import nothing from here; this module builds the models they
+describe (``load_model_folder``, ``load_shipped``) and writes them (``export_model``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from captioner import zoo
+from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
 from captioner.config import Config, EncoderConfig, config_from_dict
 from captioner.data.vocab import Vocab
+from captioner.hub import (hub_model_folder, is_model_folder, load_folder_weights, looks_like_repo_id,
+                           read_model_folder, save_model_folder)
 from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
 from captioner.models.decoders import CaptionDecoder, build_decoder, decoder_arguments
@@ -50,8 +59,6 @@ class ImageCaptioner(Captioner):
     def save_pretrained(self, directory: str | Path, **card: Any) -> Path:
         """Write this model as a Hub-style folder (``captioner.hub.save_model_folder``: ``name``, ``dtype``,
         ``scores``, ``dataset``); ``load_captioner(directory)`` reads it back."""
-        from captioner.hub import save_model_folder
-
         return save_model_folder(self, directory, **card)
 
     @classmethod
@@ -194,11 +201,7 @@ def load_captioner(path: str | Path | None = None, device: str = "cpu") -> Image
     ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
     state dict is checked key by key, so a mismatch names the field that differs.
     """
-    from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
-    from captioner.hub import hub_model_folder, is_model_folder, load_model_folder, looks_like_repo_id
-    from captioner.zoo import is_shipped_name, load_shipped
-
-    if path is None or is_shipped_name(str(path)):
+    if path is None or zoo.is_shipped_name(str(path)):
         return load_shipped(None if path is None else str(path), device=device)
     if is_model_folder(path):
         return load_model_folder(path, device=device)
@@ -225,3 +228,31 @@ def load_captioner(path: str | Path | None = None, device: str = "cpu") -> Image
     model.to(device)
     model.eval()
     return model
+
+
+def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptioner:
+    """The captioner in a Hub-style model folder (captioner/hub.py), in float32, eval mode, on ``device``. The
+    weights file must have the SHA-256 config.json records and the installed encoder the fingerprint it records."""
+    cfg, vocab, tensors, meta = read_model_folder(directory)
+    model = build_model(cfg, vocab)
+    load_folder_weights(model, tensors, meta, directory)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load_shipped(name: str | None = None, device: str = "cpu") -> ImageCaptioner:
+    """The shipped captioner ``name`` (default: ``zoo.DEFAULT_MODEL``), in fp32, eval mode, on ``device``."""
+    folder = zoo.shipped_folder(name)
+    model = load_model_folder(folder, device=device)
+    model.shipped_name = folder.name
+    return model
+
+
+def export_model(checkpoint: str | Path, out_dir: str | Path, name: str | None = None, dtype: str = "float16",
+                 scores: dict | None = None, dataset: str | None = None) -> Path:
+    """Write the model of ``checkpoint`` (a checkpoint, run directory or model folder) as a model folder
+    (``captioner export``)."""
+    model = load_captioner(checkpoint)
+    return save_model_folder(model, out_dir, name=name, dtype=dtype, scores=scores, dataset=dataset,
+                             source=str(checkpoint))

@@ -5,9 +5,13 @@ are applied after the file. Unknown keys are errors that name the valid ones, va
 are type-checked and range-checked, and the resolved config writes to YAML and reads
 back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
 ``captioner/api.py`` is the one place that turns this into constructor arguments; field
-names equal those arguments' names. The allowed names of scorers, attentions, gates and
-decoding modes are the code's own tables (``SCORERS``, ``ATTENTIONS``, ``GATES``, ``DECODERS``,
-``HARD_DECODING_MODES``, ``LOADERS``).
+names equal those arguments' names. The allowed names of scorers, attentions, gates, decoders, decoding
+modes and data formats come from ``captioner/names.py``, a torch-free table below both this module and the
+code (whose registries, ``SCORERS``, ``ATTENTIONS``, ``DECODERS``, ``LOADERS``, a test holds equal to it):
+loading a config imports neither torch, the models nor the data readers, and this module imports no other
+module of the package at load time.
+
+The ``captioner config`` command (list, show) is captioner/commands/config.py's.
 """
 
 from __future__ import annotations
@@ -20,15 +24,9 @@ from typing import Any, Iterable
 
 import yaml
 
-# The code's own tables of choices: adding a scorer, an attention, a gate or a data format there is the
-# one edit it takes.
-from captioner.data.datasets import LOADERS, SPLITS
-from captioner.models.attention import ATTENTIONS, HARD_DECODING_MODES
-from captioner.losses import HARD_ESTIMATORS
-from captioner.optim import OPTIMIZERS
-from captioner.models.decoders import DECODERS, GATES, decoder_arguments
-from captioner.models.scorers import SCORERS
-from captioner.wblog import MODES as WANDB_MODES
+# The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
+from captioner.names import (ATTENTION_NAMES, DATA_FORMATS, DECODER_ARGUMENTS, DECODER_KINDS, GATES,
+                             HARD_DECODING_MODES, HARD_ESTIMATORS, OPTIMIZERS, SCORER_NAMES, SPLITS, WANDB_MODES)
 
 
 class ConfigError(ValueError):
@@ -204,11 +202,11 @@ RENAMED: dict[str, str] = {"model.attention.kind": "model.attention.attention"}
 
 # Allowed values and ranges, checked by validate(). Keyed by dotted path.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": tuple(LOADERS),
-    "model.attention.scorer": tuple(SCORERS),
-    "model.attention.attention": tuple(ATTENTIONS),
-    "model.decoder.gate": tuple(GATES),
-    "model.decoder.kind": tuple(DECODERS),
+    "data.format": DATA_FORMATS,
+    "model.attention.scorer": SCORER_NAMES,
+    "model.attention.attention": ATTENTION_NAMES,
+    "model.decoder.gate": GATES,
+    "model.decoder.kind": DECODER_KINDS,
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": ("none", "step", "cosine"),
     "train.amp": ("none", "bf16", "fp16"),
@@ -367,7 +365,7 @@ def unread_data_keys(cfg: Config) -> dict[str, str]:
 
 def _unread_decoder_keys(kind: str) -> dict[str, str]:
     """The model.attention and model.decoder keys that decoder ``kind`` does not take (api.build_model)."""
-    takes = decoder_arguments(kind)
+    takes = DECODER_ARGUMENTS[kind]  # validate() has checked the kind
     return {f"model.{section}.{f.name}": f"the {kind} decoder does not take it"
             for section, cls in (("attention", AttentionConfig), ("decoder", DecoderConfig))
             for f in dataclasses.fields(cls) if f.name != "kind" and f.name not in takes}
@@ -564,31 +562,3 @@ def add_config_arguments(parser: Any) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config value, e.g. --set model.attention.scorer=dot (repeatable)",
     )
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """`captioner config list` | `captioner config show NAME_OR_PATH [--set KEY=VALUE ...]`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="captioner config", description="list the shipped configs, or print "
-                                     "one fully resolved (every key, with its default where the file is silent)")
-    sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="the shipped configs, usable by name with --config")
-    show = sub.add_parser("show", help="print a config with every key resolved, as YAML")
-    show.add_argument("config", nargs="?", default=None, help="a shipped config's name or a YAML file "
-                      "(omitted: the defaults)")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(None if argv is None else list(argv))
-    if args.action == "list":
-        for name, path in shipped_configs().items():
-            first = path.read_text().splitlines()[0].lstrip("# ").strip() if path.read_text() else ""
-            print(f"{name:<20} {first}")
-        return 0
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"captioner config: {err}", file=sys.stderr)
-        return 1
-    sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    return 0

@@ -1,5 +1,5 @@
-"""`captioner evaluate`: decode a split and score it (``--results-file``: also write the captions in COCO's
-results format, which `captioner score` and other tools score).
+"""Decode a split and score it: ``evaluate_model``, which `captioner evaluate` (captioner/commands/evaluate.py),
+the demo and the tests run, and ``format_table``, its report.
 
 Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
 reference captions, reported on the 0-100 scale with the split, beam width and
@@ -9,9 +9,6 @@ beside them when the data set knows object regions (the shapes boxes).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -19,12 +16,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from captioner.api import load_captioner, reads_cached_grids
-from captioner.arguments import int_at_least
-from captioner.atomic import write_text_atomic
-from captioner.data.images import JPEG_QUALITIES, check_jpeg_quality
+from captioner.api import reads_cached_grids
+from captioner.data.images import check_jpeg_quality
 from captioner.decode import decode_batches
-from captioner.models.attention import HARD_DECODING_MODES, ONE_CELL_MODES
+from captioner.models.attention import ONE_CELL_MODES
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
                                caption_scores, cells_of, cells_read, grounding_shares, resolve_tokenizer)
 
@@ -229,94 +224,3 @@ def format_table(result: dict, split: str) -> str:
             rows.append(f"{'moves':<10} {100 * result['cell_changes']:6.1f}  (% of consecutive words whose cell "
                         f"changes)")
     return "\n".join(rows)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
-    parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
-                        help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
-                             "model name (e.g. flickr8k)")
-    parser.add_argument("--forbid-unk", action="store_true",
-                        help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
-    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
-                        help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
-    parser.add_argument("--split", default=None, choices=("train", "val", "test"),
-                        help="default: the checkpoint's eval.split")
-    parser.add_argument("--beam", type=int_at_least(1), default=None, help="beam width (default: the checkpoint's)")
-    parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None)
-    parser.add_argument("--length-penalty", type=float, default=None,
-                        help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
-    parser.add_argument("--max-length", type=int_at_least(1), default=None,
-                        help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
-    parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
-                        help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
-                             "simple; auto = ptb when Java is present, else treebank")
-    parser.add_argument("--max-images", type=int_at_least(0), default=0,
-                        help="score only the first N images (0 = all)")
-    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
-    parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
-    parser.add_argument("--instances", default=None,
-                        help="COCO instances_*.json: also report attention grounding on instance masks")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="encode every image even when the feature cache of this frozen encoder holds its grid")
-    parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1), default=None, metavar="Q",
-                        help="re-save every image as a JPEG of quality Q (1..95) in memory before the encoder sees "
-                             "it (so never reads the feature cache): how steady are the captions under recompression?")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
-    parser.add_argument("--results-file", default=None, metavar="PATH",
-                        help='also write the captions as a COCO results file, [{"image_id", "caption"}] (what '
-                             "COCO's evaluation server and pycocoevalcap read; `captioner score` scores it)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-
-    from captioner.checkpoint import CheckpointError
-    from captioner.data.datasets import load_records
-
-    try:
-        model = load_captioner(args.checkpoint, device=args.device)
-    except (CheckpointError, ValueError) as err:
-        print(f"captioner evaluate: {err}", file=sys.stderr)
-        return 2
-    cfg = model.config
-    if args.data_root:
-        cfg.data.root = args.data_root
-    split = args.split or cfg.eval.split
-    beam = cfg.eval.beam_size if args.beam is None else args.beam
-    records = load_records(cfg.data, split)
-    if args.max_images:
-        records = records[: args.max_images]
-    try:
-        tokenizer = resolve_tokenizer(args.tokenizer)
-    except ValueError as err:
-        print(f"captioner evaluate: {err}", file=sys.stderr)
-        return 2
-    cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records)
-    result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
-                            length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
-                            attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
-                            meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
-                            forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams,
-                            jpeg_quality=args.jpeg_quality)
-    result["split"] = split
-    if args.out:
-        write_text_atomic(args.out, json.dumps(result, indent=2))
-    if args.results_file:
-        from captioner.results import write_results
-
-        n = write_results(args.results_file, records, result["predictions"])
-        print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=2))
-    else:
-        print(format_table(result, split))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

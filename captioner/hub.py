@@ -14,9 +14,12 @@ A model folder holds three files, the layout model hubs (huggingface.co) expect:
   block and keeps the text below it.
 
 ``save_model_folder`` writes one (``captioner export``, ``ImageCaptioner.save_pretrained``);
-``load_model_folder`` reads one, and so serves the shipped models (captioner/pretrained/NAME/), exported
-folders and models fetched from a hub: ``hub_model_folder("owner/name")`` finds a model in
-``huggingface_hub``'s local cache, downloading it first unless the hub is offline (``HF_HUB_OFFLINE=1``).
+``read_model_folder`` reads one's config, vocabulary and checked weights, and ``load_folder_weights`` puts
+the weights into the model built from them. ``api.load_model_folder`` (the application layer, which builds
+models: this module sits below it and imports it not) joins the two, and so serves the shipped models
+(captioner/pretrained/NAME/), exported folders and models fetched from a hub: ``hub_model_folder("owner/name")``
+finds a model in ``huggingface_hub``'s local cache, downloading it first unless the hub is offline
+(``HF_HUB_OFFLINE=1``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from typing import Any
 
 import torch
 import yaml
+from torch import nn
 
-from captioner.api import ImageCaptioner, build_model
 from captioner.atomic import atomic_path, write_text_atomic
 from captioner.checkpoint import check_state_dict
-from captioner.config import config_from_dict, config_to_dict
+from captioner.config import Config, config_from_dict, config_to_dict
 from captioner.data.vocab import Vocab
+from captioner.version import __version__
 
 FORMAT = "captioner-model"
 VERSION = 2  # 1: NAME.safetensors + NAME.json side by side (no longer read); 2: the folder
@@ -71,7 +75,7 @@ def is_model_folder(path: str | Path) -> bool:
 # --------------------------------------------------------------------------- writing
 
 
-def _fingerprint(model: ImageCaptioner, tensors: dict[str, torch.Tensor]) -> dict:
+def _fingerprint(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict:
     """The encoder fingerprint of the weights as they will be loaded: a backbone that travels in the file
     is rounded to the file's dtype, and its digest must say so (the model itself is left as it is)."""
     encoder, own = model.encoder, model.encoder.state_dict()
@@ -93,13 +97,14 @@ def dataset_name(data: Any) -> str:
     return data.format  # shapes, coco, flickr8k
 
 
-def save_model_folder(model: ImageCaptioner, directory: str | Path, name: str | None = None,
+def save_model_folder(model: nn.Module, directory: str | Path, name: str | None = None,
                       dtype: str = "float16", scores: dict | None = None, dataset: str | None = None,
                       source: str | None = None) -> Path:
     """Write ``model`` as a model folder (model.safetensors, config.json, README.md); returns the folder.
 
     Args:
-        model: the captioner; ``model.pretrained_backbone`` says whether its backbone is the installed one.
+        model: the captioner (an ``api.ImageCaptioner``: weights, ``config``, ``vocab``);
+            ``model.pretrained_backbone`` says whether its backbone is the installed one.
         directory: the folder (created; files of the same names are replaced, a card's text is kept).
         name: the model's name (default: the folder's).
         dtype: "float16" (half the size; what the shipped models use) or "float32" (bit-exact).
@@ -262,9 +267,10 @@ def _load_weights(directory: Path, meta: dict) -> dict[str, torch.Tensor]:
         raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
 
 
-def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptioner:
-    """The captioner in a model folder, in float32, eval mode, on ``device``. The weights file must have the
-    SHA-256 config.json records and the installed encoder the fingerprint it records."""
+def read_model_folder(directory: str | Path) -> tuple[Config, Vocab, dict[str, torch.Tensor], dict]:
+    """What rebuilds the captioner in a model folder: its config, its vocabulary, its weights (the file must
+    have the SHA-256 config.json records) and config.json itself. ``api.build_model(config, vocab)`` builds the
+    model, and ``load_folder_weights`` fills it."""
     directory = Path(directory)
     meta = read_model_config(directory)
     tensors = _load_weights(directory, meta)
@@ -273,20 +279,23 @@ def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptio
         vocab = Vocab.from_dict(meta["vocab"])
     except (ValueError, TypeError, KeyError) as err:
         raise ModelFolderError(f"{directory / CONFIG_FILE}: invalid config or vocabulary ({err})") from None
-    model = build_model(cfg, vocab)
+    return cfg, vocab, tensors, meta
+
+
+def load_folder_weights(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict, directory: str | Path) -> None:
+    """Put a model folder's weights (``read_model_folder``) into ``model``, built from its config: every tensor
+    of the folder must fit (check_state_dict names the one that does not), and the installed encoder must have
+    the fingerprint config.json records."""
     expected = {k: v for k, v in model.state_dict().items()
-                if not (cfg.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
+                if not (model.config.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
     check_state_dict(tensors, expected)
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
-    have = {**model.encoder.fingerprint(), "vocab_size": len(vocab)}
+    have = {**model.encoder.fingerprint(), "vocab_size": len(model.vocab)}
     differ = [k for k in meta["fingerprint"] if meta["fingerprint"][k] != have.get(k)]
     if differ:
         raise ModelFolderError(
             f"{directory}: this installation's encoder differs from the one the model was trained with in "
             + ", ".join(f"{k} ({have.get(k)!r} here, {meta['fingerprint'][k]!r} in {CONFIG_FILE})" for k in differ))
-    model.to(device)
-    model.eval()
-    return model
 
 
 # --------------------------------------------------------------------------- a hub's local cache
@@ -307,8 +316,6 @@ def hub_model_folder(repo_id: str, revision: str | None = None) -> Path:
     naming what to download."""
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
-
-    from captioner import __version__
 
     # Read at call time (huggingface_hub reads them once, at import).
     offline = constants.is_offline_mode() or _truthy(os.environ.get("HF_HUB_OFFLINE"))

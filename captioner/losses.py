@@ -340,7 +340,7 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
 
 # How hard attention's location policy is trained under cross-entropy (train.hard.estimator): "paper" is
 # hard_attention_loss (Eq. 10-12), "loo" is loo_hard_attention_loss (K samples, leave-one-out baseline).
-HARD_ESTIMATORS = ("paper", "loo")
+# captioner/names.py names them (HARD_ESTIMATORS), below the config, which checks train.hard.estimator.
 
 
 def reward_to_go(rewards: Tensor, discount: float = 1.0) -> Tensor:

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from captioner import fast_paths
-
-OPTIMIZERS = ("adam", "rmsprop")
+from captioner.names import OPTIMIZERS  # named below the config, which checks train.optimizer
 
 
 def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:

@@ -22,22 +22,22 @@ baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12
 - DDP under torchrun: one process per device, DistributedSampler, rank 0 validates and writes;
   the REINFORCE baseline is updated from the all-reduced batch reward, so it is the same on
   every rank. Per-process batch size is ``train.batch_size``.
+
+The ``captioner train`` command (its flags, errors and exit status) is captioner/commands/train.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
 import math
 import os
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -46,9 +46,8 @@ from torch.utils.data import DataLoader
 
 from captioner import fast_paths
 from captioner.atomic import write_text_atomic
-from captioner.config import (Config, ConfigError, add_config_arguments, config_from_dict, config_to_dict, load_config,
-                              save_config)
-from captioner.data.datasets import CaptionDataset, DataError, build_vocab, collate_captions, mirrored_records
+from captioner.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
+from captioner.data.datasets import CaptionDataset, build_vocab, collate_captions, mirrored_records
 from captioner.data.vocab import Vocab
 from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
@@ -703,39 +702,3 @@ def _summary(entry: dict, metric: str, improved: bool) -> str:
             f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
             f"({entry['time_s']:.0f}s)"
             + (f"  best {metric}" if improved else ""))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`captioner train --config X.yaml [--set k=v ...] [--resume RUN_DIR]`."""
-    parser = argparse.ArgumentParser(prog="captioner train", description=__doc__.split("\n")[0])
-    add_config_arguments(parser)
-    parser.add_argument("--init", default=None, metavar="RUN_DIR",
-                        help="start from the weights of RUN_DIR's best.pt (or a checkpoint file), e.g. "
-                             "self-critical training after cross-entropy; sets train.init")
-    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
-                             "when --config is not given; --set still applies)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from captioner.checkpoint import CheckpointError
-
-    try:
-        config_path = args.config
-        if config_path is None and args.resume is not None and Path(args.resume).is_dir():
-            config_path = Path(args.resume) / "config.yaml"
-        cfg = load_config(config_path, args.overrides)
-        if args.init is not None:
-            cfg.train.init = args.init
-        run_dir = train(cfg, resume=args.resume)
-    except (ConfigError, DataError, TrainingError, CheckpointError) as err:
-        print(f"captioner train: error: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    print(f"run directory: {run_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from captioner.atomic import write_text_atomic
+from captioner.names import WANDB_MODES as MODES  # named below the config, which checks train.wandb
 
-MODES = ("off", "offline", "online")
 INSTALL_HINT = "pip install 'captioner[wandb]' (or pip install wandb)"
 RUN_ID_FILE = "wandb-run-id"
 

@@ -35,7 +35,7 @@ def test_out_of_range_values_are_refused_naming_the_flag(argv, flag, value, caps
 
 def test_evaluate_beam_and_max_images_reach_the_run(smoke_checkpoint, tmp_path, monkeypatch):
     """In range, the values are used as given: an explicit beam is not replaced by the checkpoint's."""
-    import captioner.evaluate as evaluate
+    import captioner.commands.evaluate as evaluate
 
     seen = {}
 

@@ -53,9 +53,8 @@ def test_metrics_log_and_vocabulary_are_atomic(tmp_path):
 
 
 def test_export_writes_its_model_folder_atomically(tmp_path, smoke_checkpoint):
-    from captioner.api import load_captioner
+    from captioner.api import export_model, load_captioner
     from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
-    from captioner.zoo import export_model
 
     folder = tmp_path / "tiny"
     with file_events() as events:
@@ -67,7 +66,7 @@ def test_export_writes_its_model_folder_atomically(tmp_path, smoke_checkpoint):
 
 
 def test_evaluate_out_is_atomic(tmp_path, smoke_checkpoint):
-    from captioner.evaluate import main as evaluate
+    from captioner.commands.evaluate import main as evaluate
 
     out = tmp_path / "result.json"
     with file_events() as events:

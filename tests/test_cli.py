@@ -1,9 +1,11 @@
-"""The command dispatcher and path expansion of `captioner caption`."""
+"""The command dispatcher (captioner/cli.py) and the path expansion of `captioner caption`
+(captioner/commands/caption.py)."""
 
 import subprocess
 import sys
 
-from captioner.cli import COMMANDS, expand_image_paths, main
+from captioner.cli import COMMANDS, main
+from captioner.commands.caption import expand_image_paths
 
 
 def test_help_lists_every_command(capsys):
@@ -11,6 +13,16 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for name in COMMANDS:
         assert name in out
+
+
+def test_every_command_is_a_module_of_the_command_line_with_a_main():
+    """The CLI layer owns every command (captioner/commands/NAME.py, main(argv) -> int); library modules hold
+    none (tests/test_layering.py)."""
+    import importlib
+
+    for name, (module, _) in COMMANDS.items():
+        assert module == f"captioner.commands.{name}"
+        assert callable(importlib.import_module(module).main)
 
 
 def test_unknown_command_names_valid_ones(capsys):

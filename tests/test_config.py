@@ -157,18 +157,32 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_sti
 
 
 def test_choices_are_the_model_code_tables():
+    """The config checks names against captioner/names.py (torch-free); every registry beside the code holds
+    exactly its table's names, in the same order (the order error messages list them in), so they cannot drift."""
+    import inspect
+
+    from captioner import names
     from captioner.config import CHOICES
+    from captioner.data.datasets import LOADERS, SPLITS
     from captioner.models.attention import ATTENTIONS
-    from captioner.models.decoders import DECODERS, GATES
+    from captioner.models.decoders import DECODERS, GATES, REFERENCES, decoder_arguments
     from captioner.models.scorers import SCORERS
+    from captioner.optim import OPTIMIZERS
+    from captioner.wblog import MODES as WANDB_MODES
 
-    assert set(CHOICES["model.attention.scorer"]) == set(SCORERS)
-    assert set(CHOICES["model.attention.attention"]) == set(ATTENTIONS)
-    assert set(CHOICES["model.decoder.gate"]) == set(GATES)
-    assert set(CHOICES["model.decoder.kind"]) == set(DECODERS) >= {"lstm", "transformer"}
-    from captioner.data.datasets import LOADERS
-
-    assert set(CHOICES["data.format"]) == set(LOADERS)
+    assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
+    assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
+    assert tuple(DECODERS) == tuple(REFERENCES) == names.DECODER_KINDS == CHOICES["model.decoder.kind"]
+    assert {"lstm", "transformer"} <= set(DECODERS)
+    for kind in DECODERS:  # which config keys a kind reads: its constructor's arguments, fast and reference alike
+        assert decoder_arguments(kind) == names.DECODER_ARGUMENTS[kind]
+        assert tuple(inspect.signature(REFERENCES[kind]).parameters) == names.DECODER_ARGUMENTS[kind]
+    assert tuple(LOADERS) == names.DATA_FORMATS == CHOICES["data.format"]
+    assert SPLITS == names.SPLITS == CHOICES["eval.split"]
+    assert GATES == CHOICES["model.decoder.gate"]
+    assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
+    assert names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo")
+    assert names.HARD_DECODING_MODES == CHOICES["eval.attention_mode"]
 
 
 # Every key an objective does not read, by (attention, objective, estimator): set to a non-default value,

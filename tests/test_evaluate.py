@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from captioner.evaluate import main as evaluate
+from captioner.commands.evaluate import main as evaluate
 
 
 @pytest.fixture(scope="module")

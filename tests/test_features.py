@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner import extract
+from captioner.commands import extract
 from captioner.data import features as feat
 from captioner.data.features import FeatureCache, FeatureCacheError, cache_dir_for, extract_features
 from captioner.data.images import load_image

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioner import extract
+from captioner.commands import extract
 from captioner.data import datasets
 from captioner.data.datasets import (MIRROR_SUFFIX, ImageRecord, mirrored_records, swap_left_right_text,
                                      swap_left_right_tokens)

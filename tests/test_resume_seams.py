@@ -13,7 +13,8 @@ import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
-from captioner.train import main, train
+from captioner.commands.train import main
+from captioner.train import train
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 

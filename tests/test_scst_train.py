@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from captioner.config import ConfigError, load_config
-from captioner.train import main, train
+from captioner.commands.train import main
+from captioner.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = REPO / "configs" / "shapes.yaml"

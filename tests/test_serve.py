@@ -21,7 +21,8 @@ from captioner.config import load_config  # noqa: E402
 from captioner.data.vocab import Vocab  # noqa: E402
 from captioner.demo import sample_photo  # noqa: E402
 from captioner.search import normalise_score  # noqa: E402
-from captioner.serve import create_app, main  # noqa: E402
+from captioner.commands.serve import main  # noqa: E402
+from captioner.serve import create_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

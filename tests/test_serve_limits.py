@@ -25,6 +25,7 @@ from PIL import Image
 pytest.importorskip("fastapi", reason="captioner serve needs the 'serve' extra")
 from fastapi.testclient import TestClient  # noqa: E402
 
+import captioner.commands.serve as serve_command  # noqa: E402
 import captioner.serve as serve  # noqa: E402
 from captioner.api import build_model  # noqa: E402
 from captioner.config import load_config  # noqa: E402
@@ -180,9 +181,10 @@ def test_serve_command_passes_its_limits_and_prints_the_token_link(smoke_checkpo
 
     served = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.update(app=app, **kwargs))
-    monkeypatch.setenv(serve.TOKEN_ENV, "from-env")
-    assert serve.main(["--checkpoint", str(smoke_checkpoint), "--max-in-flight", "3", "--max-queue", "0",
-                       "--max-pixels", "1000", "--max-upload-mb", "1", "--allow-host", "lab-box", "--token"]) == 0
+    monkeypatch.setenv(serve_command.TOKEN_ENV, "from-env")
+    assert serve_command.main(["--checkpoint", str(smoke_checkpoint), "--max-in-flight", "3", "--max-queue", "0",
+                               "--max-pixels", "1000", "--max-upload-mb", "1", "--allow-host", "lab-box",
+                               "--token"]) == 0
     assert "http://127.0.0.1:7860/?token=from-env" in capsys.readouterr().err
     gate = served["app"].state.gate
     assert (gate.max_in_flight, gate.max_queue) == (3, 0)

@@ -8,7 +8,8 @@ import pytest
 
 from captioner.data import shapes
 from captioner.data.images import load_image
-from captioner.data.shapes import COLOURS, SHAPES, SIZES, generate_shapes, main
+from captioner.commands.shapes import main
+from captioner.data.shapes import COLOURS, SHAPES, SIZES, generate_shapes
 from captioner.data.vocab import Vocab, tokenize
 
 SMALL = dict(n_train=10, n_val=3, n_test=3)

@@ -16,7 +16,8 @@ import captioner.train as train_mod
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.train import TrainingError, main, train
+from captioner.commands.train import main
+from captioner.train import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"

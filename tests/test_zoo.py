@@ -14,9 +14,9 @@ import torch
 import captioner
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
-from captioner.api import load_captioner
+from captioner.api import export_model, load_captioner, load_shipped
 from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, split_card
-from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models, export_model, load_shipped
+from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models
 
 PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}

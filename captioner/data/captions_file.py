@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from captioner.data.datasets import DataError, EmptySplitError, ImageRecord
+from captioner.data.records import DataError, EmptySplitError, ImageRecord
 from captioner.data.images import ImageLoadError, probe_image
 from captioner.data.vocab import tokenize
 

@@ -19,7 +19,7 @@ import json
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -27,14 +27,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+# ImageRecord and the errors live below this module and captions_file.py, which both build records
+from captioner.data.records import DataError, EmptySplitError, ImageRecord
 from captioner.data.vocab import Vocab, tokenize
+from captioner.names import SPLITS  # named below the config, which checks eval.split
 
-if TYPE_CHECKING:  # annotations only: the config asks this module for its formats (LOADERS), not the reverse
+if TYPE_CHECKING:  # annotations only: the readers take the config's data section (config.py imports no reader)
     from captioner.config import DataConfig
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "val", "test")
 
 # What to download when a file is missing, per format (the error message names it).
 DOWNLOAD_HINTS = {
@@ -56,26 +57,6 @@ FLICKR8K_SPLIT_FILES = {
     "val": "Flickr_8k.devImages.txt",
     "test": "Flickr_8k.testImages.txt",
 }
-
-
-class DataError(ValueError):
-    """A data file is missing or malformed; the message names the file and the entry."""
-
-
-class EmptySplitError(DataError):
-    """The data set has no images in the split asked for (e.g. Flickr8k built without its test split)."""
-
-
-@dataclass
-class ImageRecord:
-    """One image and all its captions."""
-
-    image_id: str  # unique within the data set; the feature-cache key
-    path: Path
-    captions: list[list[str]]  # tokens
-    raw: list[str]  # the original caption strings (references for the metrics)
-    objects: list[dict] = field(default_factory=list)  # shapes: {"name": shape word, "box": [x0, y0, x1, y1]}
-    mirrored: bool = False  # the image is read flipped left-right (data.mirror's training copies)
 
 
 # data.mirror: a training photo's mirrored copy is a record of its own, keyed <image_id>#mirror in the feature
@@ -375,7 +356,7 @@ def _load_captions(data: DataConfig, split: str) -> list[ImageRecord]:
     """A folder of images (data.root) and a CSV or JSON-lines captions file: captioner/data/captions_file.py."""
     import dataclasses
 
-    from captioner.data.captions_file import find_captions_file, read_captions  # it builds on this module
+    from captioner.data.captions_file import find_captions_file, read_captions  # the format's own reader
 
     root = Path(data.root)
     defaults = {f.name: f.default for f in dataclasses.fields(data)}

@@ -32,9 +32,10 @@ from torch import Tensor, nn
 
 from captioner.models.scorers import build_scorer
 
-# The one definition of the attention modes (module docstring); config, CLI and decoding read these.
+# The one definition of the attention modes (module docstring); decoding reads these. The hard ones a run may
+# choose (eval.attention_mode, --attention-mode) are named in captioner/names.py (HARD_DECODING_MODES), below
+# the config that checks them.
 MODES = ("soft", "expectation", "sample", "argmax")
-HARD_DECODING_MODES = ("expectation", "argmax", "sample")  # how a hard-attention model may decode
 ONE_CELL_MODES = ("sample", "argmax")  # the modes that read a single grid cell per word
 
 

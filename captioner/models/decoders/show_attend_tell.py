@@ -19,8 +19,7 @@ from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask
-
-GATES = ("scalar", "vector", "none")
+from captioner.names import GATES  # named below the config, which checks model.decoder.gate
 
 
 class ShowAttendTellDecoder(CaptionDecoder):

@@ -2,7 +2,8 @@
 
 The command does the model part (the encoder is built from the config by ``api.build_encoder_from_config``,
 the same translation training uses, so the fingerprints agree) and hands the encoder to the data
-layer's ``extract_features`` (captioner/data/features.py), which knows files, not models.
+layer's ``extract_features`` (captioner/data/features.py), which knows files, not models; all it adds is
+which records to extract and what to print, so it has no library module of its own.
 """
 
 from __future__ import annotations
@@ -90,7 +91,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"done: {s['processed']} images in {s['seconds']:.1f} s ({s['images_per_s']:.1f} images/s); "
           f"{len(cache)} grids cached, {s['failed']} unreadable -> {out_dir}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

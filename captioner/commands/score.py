@@ -1,0 +1,42 @@
+"""`captioner score RESULTS --references FILE`: score a COCO-format results file, from this project
+(``captioner evaluate --results-file``) or any other system, against references in a Karpathy split JSON, COCO
+caption annotations or a captions file, with the metrics `captioner evaluate` reports (BLEU-1..4, METEOR,
+ROUGE-L, CIDEr-D on the 0-100 scale, after coco-caption's PTB tokenizer when Java is present). captioner/results.py
+reads and matches the files.
+
+The scoring is captioner/score.py's (``score_file``, ``format_scores``); this module is the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from captioner.data.records import DataError
+from captioner.names import SPLITS
+from captioner.results import ResultsError
+from captioner.score import format_scores, score_file
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="captioner score", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help='COCO results file: [{"image_id": ..., "caption": ...}, ...]')
+    parser.add_argument("--references", required=True,
+                        help="Karpathy split JSON, COCO captions_*.json, or a captions file (.csv / .jsonl)")
+    parser.add_argument("--split", choices=SPLITS, default=None,
+                        help="score against every image of this split (Karpathy JSON, or a captions file with a "
+                             "split column); default: the images of the results file")
+    parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
+                        help="as in `captioner evaluate`: auto = ptb when Java is present, else treebank")
+    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        result = score_file(args.results, args.references, args.split, args.tokenizer, meteor=not args.no_meteor)
+    except (ResultsError, DataError, ValueError) as err:
+        print(f"captioner score: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_scores(result))
+    return 0

@@ -1,0 +1,54 @@
+"""`captioner train --config X.yaml [--set k=v ...] [--init RUN] [--resume RUN]`: the training loop of
+captioner/train.py (``train``) from the command line, under torchrun too."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch.distributed as dist
+
+from captioner.config import ConfigError, add_config_arguments, load_config
+from captioner.data.datasets import DataError
+from captioner.distributed import TrainingError
+from captioner.train import train
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner train", description="The training loop: epochs, validation by "
+                                     "real decoding, checkpoints, exact resume, DDP.")
+    add_config_arguments(parser)
+    parser.add_argument("--init", default=None, metavar="RUN_DIR",
+                        help="start from the weights of RUN_DIR's best.pt (or a checkpoint file), e.g. "
+                             "self-critical training after cross-entropy; sets train.init")
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
+                             "when --config is not given; --set still applies)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`captioner train --config X.yaml [--set k=v ...] [--resume RUN_DIR]`."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from captioner.checkpoint import CheckpointError
+
+    try:
+        config_path = args.config
+        if config_path is None and args.resume is not None and Path(args.resume).is_dir():
+            config_path = Path(args.resume) / "config.yaml"
+        cfg = load_config(config_path, args.overrides)
+        if args.init is not None:
+            cfg.train.init = args.init
+        run_dir = train(cfg, resume=args.resume)
+    except (ConfigError, DataError, TrainingError, CheckpointError) as err:
+        print(f"captioner train: error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    print(f"run directory: {run_dir}")
+    return 0

@@ -1,0 +1,47 @@
+"""The names of every choice a config can make, in one torch-free module below the config and the code.
+
+The config checks a run's choices at load (an unknown ``model.decoder.kind`` is refused there, listing the
+valid ones) without importing the models, the data readers or torch: ``captioner/config.py`` imports this
+module and nothing else of the package. The code that behaves differently per name owns the behaviour:
+
+- plain tuples are defined here once and imported by that code under the same names
+  (``models/attention.py``: HARD_DECODING_MODES, ``losses.py``: HARD_ESTIMATORS, ``optim.py``: OPTIMIZERS,
+  ``wblog.py``: MODES, ``data/datasets.py``: SPLITS, ``models/decoders/show_attend_tell.py``: GATES);
+- registries of classes or functions stay beside their code and are checked against their tables here by
+  tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
+  (``models/attention.py``), DECODERS (``models/decoders``), LOADERS (``data/datasets.py``); so is each
+  decoder's constructor signature against DECODER_ARGUMENTS.
+
+Adding a scorer, an attention, a decoder or a data format takes its name here as well as its entry in the
+registry; the test says which table lags.
+"""
+
+from __future__ import annotations
+
+# models/scorers.py: SCORERS (Xu et al. 2015, Eq. (4)'s f_att and its variants)
+SCORER_NAMES = ("additive", "dot", "scaled_dot", "bilinear")
+# models/attention.py: ATTENTIONS
+ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
+# models/attention.py: how a hard-attention model may decode
+HARD_DECODING_MODES = ("expectation", "argmax", "sample")
+# models/decoders/show_attend_tell.py: the beta gate of Sec. 4.2.1 (scalar, as in the paper), per channel, or none
+GATES = ("scalar", "vector", "none")
+# models/decoders: DECODERS, and the constructor arguments of each kind (config field names equal them:
+# api.build_model passes a kind the model.attention and model.decoder fields it takes; the config refuses
+# the others when set)
+DECODER_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "lstm": ("vocab_size", "feature_dim", "embed_dim", "hidden_dim", "attention_dim", "scorer", "attention",
+             "heads", "gate", "dropout", "pad_id", "feature_dropout"),
+    "transformer": ("vocab_size", "feature_dim", "embed_dim", "hidden_dim", "layers", "heads", "dropout",
+                    "feature_dropout", "overlay_layer", "pad_id"),
+}
+DECODER_KINDS = tuple(DECODER_ARGUMENTS)
+# losses.py: REINFORCE estimators for hard attention
+HARD_ESTIMATORS = ("paper", "loo")
+# optim.py
+OPTIMIZERS = ("adam", "rmsprop")
+# wblog.py: train.wandb
+WANDB_MODES = ("off", "offline", "online")
+# data/datasets.py: LOADERS (data.format) and the splits every format knows
+DATA_FORMATS = ("shapes", "karpathy", "coco", "flickr8k", "captions")
+SPLITS = ("train", "val", "test")
