@@ -11,6 +11,7 @@ the same product timed between the training steps (the median of the per-step fr
 speed drifts by tens of percent within minutes, so this one compares a step with the rate of its moment).
 Both also run the plain per-step implementation of scripts/baseline.py, alternating with this project's
 steps or decodes, and report the median paired ratio (*_speedup_vs_baseline) and its own figures.
+`--configs R7,F8K` runs train and decode at a subset of CONFIGS (R7, R14, and F8K: Flickr8k's shape).
 
 extract: images per second from JPEG files on disk to cached backbone grids (the feature cache of
 captioner/data/features.py, Xu et al. 2015 Sec. 3.1.1 annotation vectors), the optimised path
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -397,11 +399,22 @@ class _Matmul:
         return 2 * 512 * 2048 * 2048 / best / 1e9
 
 
-def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
-    """Per configuration: soft training alone (R7, R14 keys: speed and peak RSS), then hard-attention
-    "sample" training alternating with soft steps (R7_hard, R14_hard: speed and the hard/soft ratio)."""
+def _check_configs(configs: Sequence[str] | None) -> list[str]:
+    """The configurations to run (None: all of CONFIGS); an unknown name is an error naming the valid ones."""
+    configs = list(CONFIGS) if configs is None else list(configs)
+    for config in configs:
+        if config not in CONFIGS:
+            raise ValueError(f"unknown configuration {config!r}; valid: {', '.join(CONFIGS)}")
+    return configs
+
+
+def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False,
+                configs: Sequence[str] | None = None) -> dict:
+    """Per configuration (all of CONFIGS unless ``configs`` names some): soft training alone (R7, R14 keys:
+    speed and peak RSS), then hard-attention "sample" training alternating with soft steps (R7_hard, R14_hard:
+    speed and the hard/soft ratio)."""
     result = {}
-    for config in CONFIGS:
+    for config in _check_configs(configs):
         soft = bench_train_one(config, ("soft",), quick, device, threads)["soft"]
         pair = bench_train_one(config, ("soft", "hard"), quick, device, threads)
         hard = pair["hard"]
@@ -418,9 +431,10 @@ def bench_train(quick: bool = False, device: str = "cpu", threads: int = 2, amp:
     return result
 
 
-def bench_decode(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
+def bench_decode(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False,
+                 configs: Sequence[str] | None = None) -> dict:
     result = {}
-    for config in CONFIGS:
+    for config in _check_configs(configs):
         result[config] = bench_decode_one(config, quick, device, threads)
         if amp:
             bf16 = bench_decode_one(config, quick, device, threads, amp=True, with_baseline=False)
@@ -505,12 +519,14 @@ def add_useful_flops(results: dict) -> None:
 
 
 def run_benches(only: list[str] | None = None, quick: bool = False, device: str = "cpu", threads: int = 2,
-                amp: bool = False) -> dict:
-    """Everything the issue asks for in one run (matmul always, for the ratios)."""
+                amp: bool = False, configs: Sequence[str] | None = None) -> dict:
+    """Everything the issue asks for in one run (matmul always, for the ratios); train and decode at every
+    configuration of CONFIGS, or at ``configs``."""
     names = only or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         raise ValueError(f"unknown bench {unknown[0]!r}; valid: {', '.join(BENCHES)}")
+    _check_configs(configs)  # before minutes of benchmarks, not after
     torch.set_num_threads(threads)
     from captioner import kernels
 
@@ -522,7 +538,9 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
             kwargs = dict(n_images=4, batch_size=2, num_workers=0, repeats=1) if quick else {}
             results.update(bench_extract(threads=threads, amp=amp, **kwargs))
         else:
-            for key, row in BENCHES[name](quick=quick, device=device, threads=threads, amp=amp).items():
+            common = dict(quick=quick, device=device, threads=threads, amp=amp)
+            rows = BENCHES[name](**common, configs=configs) if name in ("train", "decode") else BENCHES[name](**common)
+            for key, row in rows.items():
                 results.setdefault(key, {}).update(row)
     add_useful_flops(results)
     return results
@@ -549,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHES)}")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--configs", default=None,
+                        help=f"train and decode at a comma-separated subset of: {', '.join(CONFIGS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, not a measurement)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda also reports bf16 autocast figures)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -561,8 +581,12 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only.split(",") if args.only else None
     if names and any(n not in BENCHES for n in names):
         parser.error(f"unknown bench in {args.only!r} (valid: {', '.join(BENCHES)})")
+    configs = args.configs.split(",") if args.configs else None
+    if configs and any(c not in CONFIGS for c in configs):
+        parser.error(f"unknown configuration in {args.configs!r} (valid: {', '.join(CONFIGS)})")
     amp = args.amp or args.device.startswith("cuda")
-    results = run_benches(names, quick=args.quick, device=args.device, threads=args.threads, amp=amp)
+    results = run_benches(names, quick=args.quick, device=args.device, threads=args.threads, amp=amp,
+                          configs=configs)
     print(json.dumps(results, indent=2) if args.json else format_table(results))
     return 0
 

@@ -19,7 +19,8 @@ def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     run_dir = root / "run"
     code = cli(["demo", "--config", SMOKE, "--run-dir", str(run_dir), "--n-captions", "2", "--no-meteor",
-                "--set", f"data.root={root / 'data'}", "--set", f"train.epochs={EPOCHS}"])
+                "--set", f"data.root={root / 'data'}", "--set", f"train.epochs={EPOCHS}",
+                "--set", "train.tensorboard_images=0"])  # per-epoch overlays: tests/test_tblog.py
     assert code == 0
     return root, run_dir
 

@@ -24,7 +24,8 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     run_dir = tmp_path / "run"
     # Enough images that an epoch takes a while, so the kill lands inside epoch 2's training steps.
     overrides = [f"data.root={tmp_path / 'data'}", f"train.run_dir={run_dir}", "train.epochs=3",
-                 "data.shapes.n_train=160", "train.batch_size=8", "train.val_max_images=4"]
+                 "data.shapes.n_train=160", "train.batch_size=8", "train.val_max_images=4",
+                 "train.tensorboard_images=0"]  # overlays: tests/test_tblog.py
     cmd = [sys.executable, "-m", "captioner", "train", "--config", SMOKE]
     for o in overrides:
         cmd += ["--set", o]

@@ -98,7 +98,7 @@ def test_training_with_mirror_reads_both_copies(tmp_path):
     for mirror in (False, True):
         cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml",
                           [f"train.run_dir={tmp_path / str(mirror)}", "train.epochs=1", f"data.mirror={mirror}",
-                           f"data.root={tmp_path / 'smoke'}"])
+                           f"data.root={tmp_path / 'smoke'}", "train.tensorboard_images=0"])
         run_dir = train(cfg)
         steps[mirror] = load_checkpoint(run_dir / "last.pt")["step"]
     n_captions = sum(len(r.captions) for r in load_records(cfg.data, "train"))

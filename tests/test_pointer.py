@@ -38,10 +38,13 @@ def test_decodes_are_permutations_and_pointed_positions_are_masked(scorer):
 
 @pytest.mark.slow
 def test_learns_to_sort_five_numbers():
+    # Exact-match accuracy on 2,000 fresh sequences after 150 / 200 / 300 steps (seeds 0, 1, 2): 0.975-0.979 /
+    # 0.978-0.982 / 0.983-0.985; chance is 1/120. 200 steps keep the bar of 0.9 well clear at a third of the 600
+    # this test used to take.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = train_sorter(length=5, steps=600, hidden_dim=64, lr=5e-3, seed=0)
+        model = train_sorter(length=5, steps=200, hidden_dim=64, lr=5e-3, seed=0)
         accuracy = sort_accuracy(model, length=5, n=2000, seed=1)
     finally:
         torch.set_num_threads(threads)

@@ -20,7 +20,7 @@ def _cfg(root: Path, run: str, *overrides: str):
     return load_config(SHAPES, [f"data.root={root / 'data'}", f"train.run_dir={root / run}", "train.num_threads=1",
                                 "data.num_workers=0", "data.shapes.n_train=400", "data.shapes.n_val=150",
                                 "data.shapes.n_test=10", "train.val_max_images=150", "train.val_metric=CIDEr-D",
-                                "train.patience=50", *overrides])
+                                "train.patience=50", "train.tensorboard_images=0", *overrides])
 
 
 def _log(run: Path) -> list[dict]:

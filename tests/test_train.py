@@ -29,9 +29,14 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("smoke_data")
 
 
+# TensorBoard stays on (its scalars, also across a resume), without the per-epoch validation overlays: three
+# matplotlib figures cost more than a smoke epoch's training, and tests/test_tblog.py and test_wblog.py check them.
+NO_OVERLAYS = "train.tensorboard_images=0"
+
+
 def _cfg(data_root: Path, run_dir: Path, *overrides: str):
     return load_config(SMOKE, [f"data.root={data_root}", f"train.run_dir={run_dir}", "train.num_threads=1",
-                               *overrides])
+                               NO_OVERLAYS, *overrides])
 
 
 @pytest.fixture
@@ -213,7 +218,7 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
            "--set", f"train.run_dir={run_dir}", "--set", "train.num_threads=1", "--set", "train.epochs=3",
-           "--set", "model.attention.kind=hard"]
+           "--set", "model.attention.kind=hard", "--set", NO_OVERLAYS]
     env = dict(os.environ, **{train_mod.WEIGHTS_HASH_ENV: "1", "OMP_NUM_THREADS": "1"})
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
