@@ -242,3 +242,32 @@ def test_the_command_line_owns_every_main():
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} runs as a script")
     assert found == []
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(paths: list[Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function or method in ``paths`` longer than ``limit`` lines (decorators and docstring included)."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                length = node.end_lineno - first + 1
+                if length > limit:
+                    where = path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path
+                    found.append(f"{where}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n    return x0\n")
+    assert [line.split(" ", 1)[1] for line in long_functions([tmp_path / "long.py"])] == ["long (82 lines)"]
+
+
+def test_no_function_in_the_package_is_longer_than_80_lines():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 40
+    assert long_functions(paths) == []
