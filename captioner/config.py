@@ -123,7 +123,7 @@ class HardConfig:
 
     estimator: str = "paper"  # paper (Eq. 10-12, moving-average baseline) | loo (samples per caption, losses.py)
     reinforce_weight: float = 1.0  # lambda_r
-    entropy_weight: float = 0.01  # lambda_e (also the location policy's bonus under train.objective: scst)
+    entropy_weight: float = 0.01  # lambda_e (SCST has its own: train.scst.entropy_weight)
     baseline_decay: float = 0.9  # paper: b <- decay * b + (1 - decay) * log p(y | s, a)
     expectation_prob: float = 0.5  # per caption, replace the sampled cells by the expectation
     samples: int = 4  # loo: location paths sampled per caption (K)
@@ -140,6 +140,13 @@ class ScstConfig:
     max_length: int = 0  # most words per sampled caption; 0 = the decoding length (eval.max_length)
     forbid_unk: bool = True  # never sample <unk> (captions are read by people)
     greedy_images: int = 500  # training images whose greedy caption's reward is logged every epoch
+    # hard attention: sample (the cells are drawn with the words: one trajectory, one advantage) | argmax
+    # (words are sampled, each reads its arg-max cell as decoding does; the scorer then learns from xe_weight only)
+    attention_mode: str = "sample"
+    # hard attention, attention_mode sample: lambda_e, the location policy's entropy bonus. No default: it must
+    # be set (0 for none), never inherited from cross-entropy's train.hard.entropy_weight
+    entropy_weight: float = -1.0
+    xe_weight: float = 0.0  # a teacher-forced cross-entropy term on one reference per image (Paulus et al. 2018)
 
 
 @dataclass
@@ -158,7 +165,7 @@ class TrainConfig:
     alpha_entropy: float = 0.0  # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
     hard: HardConfig = field(default_factory=HardConfig)
     objective: str = "xe"  # xe (cross-entropy, Eq. 14 / Eq. 10-12) | scst (self-critical, CIDEr-D reward)
-    init: str = ""  # a run directory or checkpoint whose weights start this run (e.g. SCST after XE)
+    init: str = ""  # a run directory, checkpoint or model folder (a shipped name) whose weights start this run
     scst: ScstConfig = field(default_factory=ScstConfig)
     val_metric: str = "CIDEr-D"
     patience: int = 5
@@ -214,6 +221,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.tensorboard": ("auto", "on", "off"),
     "train.wandb": WANDB_MODES,
     "train.scst.baseline": ("mean", "greedy"),
+    "train.scst.attention_mode": ("sample", "argmax"),
     "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
     "eval.split": SPLITS,
@@ -232,7 +240,7 @@ NON_NEGATIVE = (
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
     "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
     "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
-    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images",
+    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images", "train.scst.xe_weight",
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
@@ -335,11 +343,15 @@ def unread_keys(cfg: Config) -> dict[str, str]:
     unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_decoder_keys(cfg.model.decoder.kind)}
     if cfg.train.objective == "scst":
         for key in ("train.alpha_c", "train.alpha_entropy"):
-            unread[key] = "the SCST objective has no attention terms besides train.hard.entropy_weight"
+            unread[key] = "the SCST objective has no attention terms besides train.scst.entropy_weight"
         for key in hard_keys:
-            if key != "train.hard.entropy_weight" or not hard:
-                unread[key] = ("SCST samples the cells with the words and only reads train.hard.entropy_weight"
-                               if hard else "only hard attention reads train.hard")
+            unread[key] = ("SCST reads train.scst (attention_mode, entropy_weight), not cross-entropy's train.hard"
+                           if hard else "only hard attention reads train.hard")
+        if not hard:
+            for key in ("train.scst.attention_mode", "train.scst.entropy_weight"):
+                unread[key] = "only hard attention has a location policy"
+        elif cfg.train.scst.attention_mode == "argmax":
+            unread["train.scst.entropy_weight"] = "argmax reads are not sampled: no location policy to keep exploring"
         return unread
     for f in dataclasses.fields(ScstConfig):
         unread[f"train.scst.{f.name}"] = "only train.objective: scst reads train.scst"
@@ -381,6 +393,19 @@ def check_read_keys(cfg: Config) -> None:
                               f"remove it from the config")
 
 
+def _check_scst_entropy(cfg: Config) -> None:
+    """Hard-attention SCST that samples its cells needs train.scst.entropy_weight set (>= 0), explicitly."""
+    scst = cfg.train.scst
+    if scst.entropy_weight == ScstConfig.entropy_weight:
+        if (cfg.train.objective == "scst" and cfg.model.attention.attention == "hard"
+                and scst.attention_mode == "sample"):
+            raise ConfigError("train.scst.entropy_weight: hard-attention SCST samples its cells and needs the "
+                              "location policy's entropy bonus set explicitly (e.g. 0.01, or 0 for none; it is "
+                              "not inherited from train.hard.entropy_weight), or train.scst.attention_mode: argmax")
+    elif scst.entropy_weight < 0:
+        raise ConfigError(f"train.scst.entropy_weight: must be >= 0, got {scst.entropy_weight!r}")
+
+
 def validate(cfg: Config) -> None:
     """Range and choice checks; errors name the key path and the offending value."""
     for path, choices in CHOICES.items():
@@ -406,6 +431,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
+    _check_scst_entropy(cfg)
     dec = cfg.model.decoder
     if not -dec.layers <= dec.overlay_layer < dec.layers:
         raise ConfigError(f"model.decoder.overlay_layer: {dec.overlay_layer} is not a layer of model.decoder.layers "

@@ -11,6 +11,7 @@ greedy caption (Rennie et al.). Batches hold images, not captions (a per-image d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from captioner.config import Config
-from captioner.losses import LossOutput, scst_baseline, scst_loss
+from captioner.losses import LossOutput, scst_baseline, scst_loss, sequence_cross_entropy
 from captioner.rewards import CiderD
 
 
@@ -48,11 +49,15 @@ class SelfCritical:
         self.sampling = {"start_id": vocab.start_id, "end_id": vocab.end_id,
                          "max_length": s.max_length or decode_max_length(cfg),
                          "forbid_ids": (vocab.unk_id,) if s.forbid_unk else ()}
-        self.sample_mode = "sample" if model.decoder.stochastic else "soft"
+        # hard attention samples its cells with the words (one trajectory), or reads each word's arg-max cell
+        self.sample_mode = s.attention_mode if model.decoder.stochastic else "soft"
         self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
         self.greedy_images = s.greedy_images
-        # the location policy's entropy bonus (hard attention only; config.check_read_keys refuses it for soft)
-        self.entropy_weight = cfg.train.hard.entropy_weight if model.decoder.stochastic else 0.0
+        # the location policy's entropy bonus: set explicitly for sampled cells (config._check_scst_entropy)
+        self.entropy_weight = max(s.entropy_weight, 0.0) if self.sample_mode == "sample" else 0.0
+        self.xe_weight = s.xe_weight
+        self.encoded = train_set.encoded  # per record: its reference captions, encoded
+        self.pad_id = vocab.pad_id
 
     def rewards(self, tokens: torch.Tensor, lengths: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         """CIDEr-D of sampled rows tokens (N, T) with lengths (N,) (an <end> included when sampled)
@@ -69,6 +74,8 @@ class SelfCritical:
         """One batch of images: k samples each, their rewards, baselines and the REINFORCE loss."""
         k = self.samples
         out = forward(batch.inputs, sample={"samples": k, "attention_mode": self.sample_mode, **self.sampling})
+        if self.sample_mode == "argmax":  # a deterministic read is no action of the policy: words only
+            out = dataclasses.replace(out, location_log_probs=None, location_entropies=None)
         images = batch.indices.repeat_interleave(k)  # (B*k,) record index of each sample
         rewards = self.rewards(out.tokens, out.lengths, images)  # (B*k,)
         greedy = None
@@ -78,7 +85,21 @@ class SelfCritical:
         res = scst_loss(out, rewards, baselines, entropy_weight=self.entropy_weight)
         if greedy is not None:
             res.parts["greedy_reward"] = greedy.mean()
+        if self.xe_weight:
+            xe = self.cross_entropy(forward, batch)
+            res = LossOutput(loss=res.loss + self.xe_weight * xe, parts={**res.parts, "xe": xe.detach()})
         return res
+
+    def cross_entropy(self, forward: nn.Module, batch: Any) -> torch.Tensor:
+        """Teacher-forced cross-entropy of one reference per image, drawn at random (on the CPU RNG, restored
+        on resume), read the way validation decodes (``eval.attention_mode``)."""
+        from captioner.data.datasets import collate_captions
+
+        picks = [caps[int(torch.randint(len(caps), ()))] for caps in (self.encoded[int(i)] for i in batch.indices)]
+        refs = collate_captions([(torch.zeros(0), torch.as_tensor(c), 0) for c in picks], pad_id=self.pad_id)
+        captions, lengths = refs.captions.to(batch.inputs.device), refs.lengths.to(batch.inputs.device)
+        out = forward(batch.inputs, captions, lengths, attention_mode=self.greedy_mode)
+        return sequence_cross_entropy(out, captions[:, 1:])
 
     @torch.no_grad()
     def greedy_rewards(self, model: nn.Module, inputs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -85,13 +85,15 @@ class _TrainForward(nn.Module):
                 sample: dict | None = None, rows: torch.Tensor | None = None):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
-        reads (several captions may read one image's grid, encoded once)."""
+        reads (several captions may read one image's grid, encoded once); they share dropout masks."""
         grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
         if rows is not None:
             grid = grid.index_select(0, rows)  # (N, L, D)
         if sample is not None:
             return self.model.decoder.sample(grid, **sample)
-        return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
+        # the captions that read one grid row are copies of one caption: they share their dropout masks
+        return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
+                          dropout_rows=rows)
 
 
 def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None,
@@ -130,28 +132,84 @@ def _bare(forward: nn.Module) -> nn.Module:
     return forward.module if isinstance(forward, nn.parallel.DistributedDataParallel) else forward
 
 
-def _require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str) -> None:
+# model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way
+# (HardAttention adds no parameter to SoftAttention, dropout none), so a soft model can start a hard one
+INIT_MAY_DIFFER = (("model", "attention", "attention"), ("model", "decoder", "dropout"),
+                   ("model", "decoder", "feature_dropout"))
+
+
+def _without(section: dict, path: tuple[str, ...]) -> dict:
+    """A copy of ``section`` with the key at ``path`` (below the section) removed."""
+    section = json.loads(json.dumps(section))
+    node = section
+    for key in path[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
+    return section
+
+
+def _require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str,
+                           may_differ: tuple[tuple[str, ...], ...] = ()) -> list[str]:
     """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's
-    (read as a config first, so a key stored under its old name compares under its new one)."""
+    (read as a config first, so a key stored under its old name compares under its new one), except at
+    the ``may_differ`` paths (section, key, ...). Returns those that differ, as "model.attention.kind:
+    'soft' -> 'hard'"."""
     try:
         saved_config = config_to_dict(config_from_dict(saved_config))
     except ConfigError:
         pass  # compared as stored: it differs, and the message says which section
+    ours = config_to_dict(cfg)
     for section in ("data", "model"):
-        if saved_config.get(section) != config_to_dict(cfg)[section]:
+        theirs, mine = saved_config.get(section), ours[section]
+        for path in (p[1:] for p in may_differ if p[0] == section):
+            if isinstance(theirs, dict):
+                theirs, mine = _without(theirs, path), _without(mine, path)
+        if theirs != mine:
             raise ConfigError(f"{what}: the config's {section!r} section differs from the checkpoint's; {advice}")
+    changed = []
+    for path in may_differ:
+        old, new = saved_config, ours
+        for key in path:
+            old = old.get(key) if isinstance(old, dict) else None
+            new = new.get(key) if isinstance(new, dict) else None
+        if old != new:
+            changed.append(f"{'.'.join(path)}: {old!r} -> {new!r}")
+    return changed
+
+
+def _load_init(init: str) -> dict:
+    """train.init as a checkpoint payload: a run directory (its best.pt), a checkpoint file, or a model
+    folder (a shipped model's name, or what ``captioner export`` wrote: its weights, config and vocabulary;
+    the frozen backbone is the installed one, as when it captions)."""
+    from captioner.checkpoint import load_checkpoint
+    from captioner.hub import is_model_folder, read_model_folder
+    from captioner.zoo import is_shipped_name, shipped_folder
+
+    folder = shipped_folder(init) if is_shipped_name(init) else Path(init) if is_model_folder(init) else None
+    if folder is None:
+        return load_checkpoint(init)
+    _, _, tensors, meta = read_model_folder(folder)
+    return {"config": meta["config"], "vocab": meta["vocab"], "model": tensors, "epoch": None, "folder": meta}
 
 
 def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
-    """Start from the weights of ``train.init`` (a run directory's best.pt, or a checkpoint file),
-    which must have been trained with the same data and model sections (and so the same vocabulary)."""
+    """Start from the weights of ``train.init`` (``_load_init``), which must have been trained with the same
+    data and model sections (and so the same vocabulary), except for the attention kind (INIT_MAY_DIFFER):
+    a soft model may start a hard one. The state dict is checked tensor by tensor either way."""
     from captioner.checkpoint import check_state_dict
+    from captioner.hub import load_folder_weights
 
-    _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
-                           "start from a run trained with the same data and model settings")
-    check_state_dict(payload["model"], model.state_dict())
-    model.load_state_dict(payload["model"])
-    log.info("initialised from %s (epoch %s)", cfg.train.init, payload.get("epoch"))
+    changed = _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
+                                     "start from a run trained with the same data and model settings (only "
+                                     "model.attention.attention and the decoder's dropout rates may differ)", may_differ=INIT_MAY_DIFFER)
+    if "folder" in payload:  # a model folder: float16 weights without the installed backbone
+        load_folder_weights(model, payload["model"], payload["folder"], cfg.train.init)
+    else:
+        check_state_dict(payload["model"], model.state_dict())
+        model.load_state_dict(payload["model"])
+    log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
+             "".join(f"; {c} (the same weights, read the new way)" for c in changed))
 
 
 def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
@@ -429,7 +487,6 @@ def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
 def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     """Data, vocabulary, model, datasets, optimizer and schedule; with ``resume`` their saved state."""
     from captioner.api import build_model, reads_cached_grids
-    from captioner.checkpoint import load_checkpoint
 
     t = cfg.train
     if t.num_threads > 0:
@@ -440,7 +497,7 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     val_records = load_split_records(cfg, "val", rank, world)
     if t.val_max_images:
         val_records = val_records[: t.val_max_images]
-    init = load_checkpoint(t.init) if t.init and payload is None else None  # a run directory: its best.pt
+    init = _load_init(t.init) if t.init and payload is None else None  # a run directory: its best.pt
     if payload is not None or init is not None:
         vocab = Vocab.from_dict((payload or init)["vocab"])
     else:

@@ -22,8 +22,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "real decoding, checkpoints, exact resume, DDP.")
     add_config_arguments(parser)
     parser.add_argument("--init", default=None, metavar="RUN_DIR",
-                        help="start from the weights of RUN_DIR's best.pt (or a checkpoint file), e.g. "
-                             "self-critical training after cross-entropy; sets train.init")
+                        help="start from the weights of RUN_DIR's best.pt (or a checkpoint file, a model folder "
+                             "or a shipped model's name), e.g. self-critical training after cross-entropy, or a "
+                             "hard-attention model from a soft one; sets train.init")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
                              "when --config is not given; --set still applies)")

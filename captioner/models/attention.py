@@ -44,10 +44,19 @@ def reads_one_cell(mode: str) -> bool:
     return mode in ONE_CELL_MODES
 
 
-def resolve_mode(mode: str, stochastic: bool) -> str:
-    """The mode a module actually reads in: `mode` for stochastic (hard) attention, "soft" for the others."""
+def resolve_mode(mode: str, stochastic: bool, one_cell: bool = False) -> str:
+    """The mode a decoder reads in. Hard (stochastic) attention honours every mode. Soft attention is trained
+    on the expectation and decodes softly by default ("soft" / "expectation"), but asked for "argmax" or
+    "sample" it reads one cell per word when its module can (``one_cell``: the same read_context serves
+    both kinds): the baseline a hard model warm-started from it starts from. A module that cannot (the
+    multi-head one, whose heads would each pick a cell) refuses the mode rather than ignore it."""
     check_mode(mode)
-    return mode if stochastic else "soft"
+    if stochastic or not reads_one_cell(mode):
+        return mode if stochastic else "soft"
+    if not one_cell:
+        raise ValueError(f"attention mode {mode!r} reads one grid cell per word, which this model's attention "
+                         f"cannot do; use 'expectation' (its soft read)")
+    return mode
 
 
 @dataclass
@@ -134,6 +143,8 @@ class SoftAttention(nn.Module):
     stochastic = False
     # Whether forward accepts G queries per memory row (query (B*G, Q), memory (B, ...)).
     grouped_queries = True
+    # Whether it can read one cell per word ("argmax"/"sample") when asked, though trained softly (resolve_mode).
+    one_cell = True
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
         super().__init__()
@@ -220,6 +231,7 @@ class MultiHeadAttention(nn.Module):
 
     stochastic = False
     grouped_queries = True
+    one_cell = False  # every head would pick its own cell: no single cell per word to read or show
     query_weight = None  # its query projection has a bias and feeds the heads: not stacked by the decoder
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,

@@ -118,13 +118,16 @@ class Captioner(nn.Module):
         lengths: torch.Tensor,
         attention_mode: str = "soft",
         expectation_mask: torch.Tensor | None = None,
+        dropout_rows: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """Teacher-forced decoding over a prepared grid (B, L, D); see CaptionDecoder.forward."""
-        return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask)
+        return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
+                            dropout_rows=dropout_rows)
 
     def decode_mode(self, attention_mode: str | None) -> str:
-        """The attention mode decoding uses, resolved once per decode: soft models always decode softly."""
-        return resolve_mode(attention_mode or self.attention_mode, self.decoder.stochastic)
+        """The attention mode decoding uses, resolved once per decode: soft models decode softly unless asked to
+        read one cell per word ("argmax"/"sample"), which they do when their attention can (else an error)."""
+        return resolve_mode(attention_mode or self.attention_mode, self.decoder.stochastic, self.decoder.one_cell)
 
     @torch.no_grad()
     def generate(

@@ -104,6 +104,17 @@ class DecoderOutput:
                    entropies=None if entropies is None else entropies * real)
 
 
+def shared_dropout(layer: nn.Dropout, x: Tensor, rows: Tensor | None) -> Tensor:
+    """``layer(x)`` for x (N, *), with one mask per value of rows (N,) long (rows of equal value share it);
+    with rows None, or outside training, exactly ``layer(x)``."""
+    if rows is None or not layer.training or layer.p == 0.0:
+        return layer(x)
+    if layer.p == 1.0:
+        return x * 0.0
+    keep = torch.empty((int(rows.max()) + 1, *x.shape[1:]), dtype=x.dtype, device=x.device).bernoulli_(1.0 - layer.p)
+    return x * keep.index_select(0, rows).div_(1.0 - layer.p)
+
+
 @dataclass
 class SampleOutput:
     """Captions drawn from the decoder with their log-probabilities (for sequence-level REINFORCE).
@@ -197,14 +208,21 @@ class CaptionDecoder(nn.Module, ABC):
         matters (attention.resolve_mode)."""
         return False
 
+    @property
+    def one_cell(self) -> bool:
+        """Whether a soft decoder can read one cell per word on request ("argmax"/"sample"; resolve_mode)."""
+        return False
+
     def _mode(self, attention_mode: str) -> str:
-        return resolve_mode(attention_mode, self.stochastic)
+        return resolve_mode(attention_mode, self.stochastic, self.one_cell)
 
     @abstractmethod
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
-                expectation_mask: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (B, T) = <start> w_1 .. w_n <end> <pad>.. with lengths (B,) = n + 2
-        over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there."""
+        over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there.
+        dropout_rows (B,) long: rows with the same value draw the same dropout masks (``shared_dropout``: the K
+        copies of a caption in the leave-one-out estimator, whose advantage should carry only the cells)."""
 
     @abstractmethod
     def init_state(self, grid: Tensor) -> State:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
-from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask, shared_dropout
 from captioner.names import GATES  # named below the config, which checks model.decoder.gate
 
 
@@ -72,6 +72,11 @@ class ShowAttendTellDecoder(CaptionDecoder):
         """True for hard attention: the only kind whose decoding mode matters."""
         return self.attention.stochastic
 
+    @property
+    def one_cell(self) -> bool:
+        """Soft attention over the raw grid or key-value attention can read one cell per word on request."""
+        return self.attention.one_cell
+
     def init_state(self, grid: Tensor) -> State:
         """(h_0, c_0, *attention memory) for grid (B, L, D): §3.1.2, and the keys projected once per image."""
         mean = grid.mean(dim=1)  # (B, D)
@@ -88,9 +93,9 @@ class ShowAttendTellDecoder(CaptionDecoder):
         h, c = self.lstm(torch.cat([emb, z], dim=1), (h, c))  # Eq. (1)-(3); gates i, f, g, o
         return (h, c, *memory), z, read
 
-    def deep_features(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
-        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t)."""
-        return self.dropout(emb + self.out_h(h) + self.out_z(z))
+    def deep_features(self, emb: Tensor, h: Tensor, z: Tensor, dropout_rows: Tensor | None = None) -> Tensor:
+        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t) (masks shared by ``dropout_rows``)."""
+        return shared_dropout(self.dropout, emb + self.out_h(h) + self.out_z(z), dropout_rows)
 
     def next_logits(self, tokens: Tensor, state: State, attention_mode: str) -> tuple[Tensor, AttentionOutput, State]:
         emb = self.embedding(tokens)  # (N, E)
@@ -98,17 +103,17 @@ class ShowAttendTellDecoder(CaptionDecoder):
         return self.out(self.deep_features(emb, state[0], z)), read, state  # (N, V)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
-                expectation_mask: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch."""
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
-        grid = self.feature_dropout(grid)  # identity in eval mode
+        grid = shared_dropout(self.feature_dropout, grid, dropout_rows)  # identity in eval mode
         emb = self.embedding(captions[:, :-1])  # (B, T-1, E): E y_{t-1} for every step
         state = self.init_state(grid)
         features, reads = [], []
         for t in range(captions.shape[1] - 1):
             state, z, read = self.recur(emb[:, t], state, mode, expectation_mask)
-            features.append(self.deep_features(emb[:, t], state[0], z))  # (B, E)
+            features.append(self.deep_features(emb[:, t], state[0], z, dropout_rows))  # (B, E)
             reads.append(read)
         return DecoderOutput.from_padded(
             features=torch.stack(features, dim=1), alphas=_by_step([r.alpha for r in reads]), mask=mask,

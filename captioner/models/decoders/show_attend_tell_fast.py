@@ -31,7 +31,8 @@ from torch import Tensor
 
 from captioner import fast_paths, kernels
 from captioner.models.attention import AttentionOutput, SoftAttention
-from captioner.models.decoders.contract import DecoderOutput, SampleDraws, SampleOutput, State, caption_mask
+from captioner.models.decoders.contract import (DecoderOutput, SampleDraws, SampleOutput, State, caption_mask,
+                                                shared_dropout)
 from captioner.models.decoders.inference_cache import InferenceCache, column_major
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
@@ -199,10 +200,13 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         h = torch.sigmoid(o) * torch.tanh(c)  # (N, H)
         return h, c, z, read
 
-    def _deep_features_fast(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False) -> Tensor:
-        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t), any leading shape (``projected``: z is L_z z)."""
+    def _deep_features_fast(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False,
+                            dropout_rows: Tensor | None = None) -> Tensor:
+        """Eq. (7) before L_o: dropout(E y_{t-1} + L_h h_t + L_z z_t), any leading shape (``projected``: z is L_z z;
+        ``dropout_rows``: rows of equal value share a mask)."""
         # Sums in place into the fresh L_h output (no temporaries of the full (B, T-1, E) size).
-        return self.dropout(self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb))
+        return shared_dropout(self.dropout, self.out_h(h).add_(z if projected else self.out_z(z)).add_(emb),
+                              dropout_rows)
 
     def _deep_output_fast(self, emb: Tensor, h: Tensor, z: Tensor, projected: bool = False, bias: bool = True
                           ) -> Tensor:
@@ -220,10 +224,10 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     # ------------------------------------------------------------------ the contract
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
-                expectation_mask: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length."""
         if not fast_paths.enabled():
-            return super().forward(grid, captions, lengths, attention_mode, expectation_mask)
+            return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows)
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
         B, T = captions.shape
@@ -233,7 +237,10 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         order = torch.argsort(steps, descending=True, stable=True)  # (B,)
         steps_s = steps.index_select(0, order)
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
-        grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
+        if dropout_rows is None:
+            grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
+        else:
+            grid_s = shared_dropout(self.feature_dropout, grid, dropout_rows).index_select(0, order)
         weights = self._step_weights()
         if torch.is_grad_enabled():  # (without autograd the weights are the cached ones that decoding shares)
             longest_run = max(len(list(run)) for _, run in itertools.groupby(active))  # steps at one batch size
@@ -257,7 +264,10 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
         # runs in the loss, fused with the cross-entropy (DecoderOutput.output_weight).
         emb_packed = emb.reshape(B * (T - 1), -1).index_select(0, dest)  # (R, E)
-        features = self._deep_features_fast(emb_packed, torch.cat(hs), torch.cat(zs))  # (R, E)
+        step_rows = None  # dropout_rows of every packed (caption, step) row: copies share a mask per step
+        if dropout_rows is not None:
+            step_rows = dropout_rows.to(dest.device).index_select(0, dest // (T - 1)) * (T - 1) + dest % (T - 1)
+        features = self._deep_features_fast(emb_packed, torch.cat(hs), torch.cat(zs), dropout_rows=step_rows)  # (R, E)
         bias = self.out.bias
         return DecoderOutput(
             packed_features=features, output_weight=self.out.weight.view_as(self.out.weight),

@@ -148,8 +148,11 @@ class TransformerDecoder(CaptionDecoder):
         return logits, reads[self.overlay_layer], (grid_memory, tuple(cached))
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
-                expectation_mask: Tensor | None = None) -> DecoderOutput:
-        """Teacher-forced decoding (contract.CaptionDecoder.forward): every step at once under a causal mask."""
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
+        """Teacher-forced decoding (contract.CaptionDecoder.forward): every step at once under a causal mask.
+        Its attention is soft: there are no sampled copies whose masks ``dropout_rows`` would share."""
+        if dropout_rows is not None:
+            raise ValueError("the transformer decoder has no hard attention: dropout_rows is for its sampled copies")
         mask = caption_mask(captions, lengths)  # (B, S), S = T-1
         B, S = mask.shape
         grid_memory = self._grid_memory(self.feature_dropout(grid))
