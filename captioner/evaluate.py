@@ -158,7 +158,7 @@ def evaluate_model(
     bar.close()
     mirror = {}
     if mirror_check:
-        mirror = _mirror_figures(model, records, reads, search, batch_size, progress, jpeg_quality)
+        mirror = mirror_figures(model, records, reads, search, batch_size, progress, jpeg_quality)
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
                             **({"metrics": metrics} if metrics else {}))
@@ -202,11 +202,12 @@ def _decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding 
     return predictions, reads
 
 
-def _mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: dict, batch_size: int,
-                    progress: bool, jpeg_quality: int | None) -> dict:
+def mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: dict, batch_size: int,
+                   progress: bool = False, jpeg_quality: int | None = None) -> dict:
     """Caption the left-right mirror of every photo (from its image: flipped after the transform, as training's
     data.mirror copies) with the same settings, and compare its attention with the original's
-    (metrics.mirror_following)."""
+    (metrics.mirror_following). ``reads``: image id -> (words, alphas, cells) of the original photos'
+    captions; ``search``: decode_batches' settings (the per-epoch validation passes greedy ones)."""
     from captioner.data.datasets import mirrored_records
 
     if not reads:

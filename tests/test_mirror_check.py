@@ -87,3 +87,18 @@ def test_evaluate_mirror_check_reports_the_figures(smoke_checkpoint, tmp_path_fa
     assert evaluate(["--checkpoint", str(smoke_checkpoint), "--data-root", str(data_root), "--split", "val",
                      "--no-meteor", "--tokenizer", "simple", "--no-cache", "--beam", "1", "--out", str(plain)]) == 0
     assert "mirror_words" not in json.loads(plain.read_text())
+
+
+def test_per_epoch_validation_reports_the_mirror_figures_when_asked(tmp_path):
+    from captioner.config import load_config
+    from captioner.train import train
+
+    def run(name, *extra):
+        cfg = load_config("configs/smoke.yaml", [f"train.run_dir={tmp_path / name}", f"data.root={tmp_path / 'data'}",
+                                                 "train.epochs=1", *extra])
+        train(cfg)
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()][-1]
+
+    asked = run("asked", "eval.mirror_check=true")
+    assert asked["mirror_words"] >= 0 and "columns_stay" in asked
+    assert "mirror_words" not in run("plain")
