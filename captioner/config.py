@@ -193,6 +193,7 @@ class EvalConfig:
     block_trigrams: bool = False  # no word that would repeat a trigram of its caption (every decode reads it)
     attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
     batch_size: int = 32
+    mirror_check: bool = False  # per-epoch validation also captions the val photos mirrored (evaluate --mirror-check)
 
 
 @dataclass

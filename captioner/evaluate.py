@@ -20,8 +20,10 @@ from captioner.api import reads_cached_grids
 from captioner.data.images import check_jpeg_quality
 from captioner.decode import decode_batches
 from captioner.models.attention import ONE_CELL_MODES
+from captioner.data.datasets import MIRROR_SUFFIX
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
-                               caption_scores, cells_of, cells_read, grounding_shares, resolve_tokenizer)
+                               caption_scores, cells_of, cells_read, grounding_shares, mirror_following,
+                               resolve_tokenizer)
 
 
 def coco_image_id(record) -> int | None:
@@ -84,10 +86,15 @@ def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: An
         batch = records[start : start + batch_size]
         if cache is not None:
             inputs = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).float()  # (B, L, D_backbone)
-        else:
-            inputs = torch.stack([model.transform(image(r)) for r in batch])  # (B, 3, S, S)
+        else:  # a mirrored copy (data.datasets.mirrored_records) is flipped after the transform, as in training
+            inputs = torch.stack([_flipped(model.transform(image(r)), getattr(r, "mirrored", False))
+                                  for r in batch])  # (B, 3, S, S)
         yield batch, model.grid_from(inputs.to(model.device), images=cache is None)
         bar.update(len(batch))
+
+
+def _flipped(image: torch.Tensor, mirrored: bool) -> torch.Tensor:
+    return image.flip(-1) if mirrored else image
 
 
 @torch.no_grad()
@@ -117,6 +124,7 @@ def evaluate_model(
     forbid_unk: bool = False,
     block_trigrams: bool | None = None,
     jpeg_quality: int | None = None,
+    mirror_check: bool = False,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
@@ -130,32 +138,27 @@ def evaluate_model(
     (``alpha_max``, ``alpha_entropy``: see metrics.attention_sharpness), the ``predictions`` per image id,
     the tokenizer the scores used and the decoding settings (``block_trigrams`` defaults to the model's,
     its config's eval section; ``jpeg_quality`` is None when the images were not re-encoded).
+    ``mirror_check`` also captions every photo mirrored left-right (encoded from the image) and adds
+    metrics.mirror_following's figures: whether attention follows the objects or stays where it was.
     """
     _check_reencoding(jpeg_quality, cache)
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
-    predictions: dict[str, str] = {}
-    word_alphas: list = []
-    word_cells: list = []
     mode = model.decode_mode(attention_mode)
     max_length = model.max_length if max_length is None else max_length
     length_penalty = model.length_penalty if length_penalty is None else length_penalty
     block_trigrams = model.block_trigrams if block_trigrams is None else block_trigrams
     tokenizer = resolve_tokenizer(tokenizer)
+    search = dict(beam_size=beam_size, max_length=max_length, attention_mode=mode, length_penalty=length_penalty,
+                  forbid_unk=forbid_unk, block_trigrams=block_trigrams)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
-    batches = _grid_batches(model, records, batch_size, cache, bar, jpeg_quality)
-    for record, best, words in decode_batches(model, batches,
-                                              beam_size, max_length, mode, length_penalty=length_penalty,
-                                              forbid_unk=forbid_unk, block_trigrams=block_trigrams):
-        predictions[record.image_id] = " ".join(words)
-        if best.alphas is None:
-            continue
-        alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
-        word_alphas.append(alphas)
-        word_cells.append(cells_of(alphas, best.locations))
-        grounding.add(record, words, alphas, best.locations)
+    predictions, reads = _decode_reads(model, _grid_batches(model, records, batch_size, cache, bar, jpeg_quality),
+                                       search, grounding)
     bar.close()
+    mirror = {}
+    if mirror_check:
+        mirror = mirror_figures(model, records, reads, search, batch_size, progress, jpeg_quality)
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
                             **({"metrics": metrics} if metrics else {}))
@@ -163,8 +166,9 @@ def evaluate_model(
         "scores": scores,
         "tokenizer": tokenizer,
         **caption_diversity(predictions),
-        **attention_sharpness(word_alphas),
-        **attention_movement(word_cells),
+        **attention_sharpness([alphas for _, alphas, _ in reads.values()]),
+        **attention_movement([cells for _, _, cells in reads.values()]),
+        **mirror,
         "grounding": grounding.mean,
         "grounding_words": len(grounding.shares),
         "grounding_words_images": grounding.images,
@@ -179,6 +183,42 @@ def evaluate_model(
         "attention_mode": mode,
         "predictions": predictions,
     }
+
+
+def _decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding | None = None
+                  ) -> tuple[dict[str, str], dict[str, tuple]]:
+    """Decode (records, grid) batches with the ``search`` settings (decode_batches' arguments): the caption per
+    image id, and per image id with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of)."""
+    predictions: dict[str, str] = {}
+    reads: dict[str, tuple] = {}
+    for record, best, words in decode_batches(model, batches, **search):
+        predictions[record.image_id] = " ".join(words)
+        if best.alphas is None:
+            continue
+        alphas = best.alphas[: len(words)].float().cpu().numpy()  # (n_words, L)
+        reads[record.image_id] = (words, alphas, cells_of(alphas, best.locations))
+        if grounding is not None:
+            grounding.add(record, words, alphas, best.locations)
+    return predictions, reads
+
+
+def mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: dict, batch_size: int,
+                   progress: bool = False, jpeg_quality: int | None = None) -> dict:
+    """Caption the left-right mirror of every photo (from its image: flipped after the transform, as training's
+    data.mirror copies) with the same settings, and compare its attention with the original's
+    (metrics.mirror_following). ``reads``: image id -> (words, alphas, cells) of the original photos'
+    captions; ``search``: decode_batches' settings (the per-epoch validation passes greedy ones)."""
+    from captioner.data.datasets import mirrored_records
+
+    if not reads:
+        raise ValueError("mirror_check: this model's decoding gives no attention maps to compare")
+    mirrored = mirrored_records([r for r in records if r.image_id in reads])
+    bar = tqdm(total=len(mirrored), desc="decode mirrored photos", unit="img", disable=not progress, leave=False)
+    _, mirrored_reads = _decode_reads(model, _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality),
+                                      search)
+    bar.close()
+    pairs = [(*reads[key.removesuffix(MIRROR_SUFFIX)], *value) for key, value in mirrored_reads.items()]
+    return mirror_following(pairs, model.grid_hw)
 
 
 def cached_grids(model, records: Sequence) -> Any:
@@ -223,4 +263,23 @@ def format_table(result: dict, split: str) -> str:
         if result.get("cell_changes") is not None:
             rows.append(f"{'moves':<10} {100 * result['cell_changes']:6.1f}  (% of consecutive words whose cell "
                         f"changes)")
-    return "\n".join(rows)
+    return "\n".join(rows + _mirror_rows(result))
+
+
+def _pct(value: float | None) -> str:
+    return "   n/a" if value is None else f"{100 * value:6.1f}"
+
+
+def _mirror_rows(result: dict) -> list[str]:
+    """format_table's mirror-check lines (none when the check did not run)."""
+    if "mirror_words" not in result:
+        return []
+    return [
+        f"{'mirror':<10} {_pct(result['mirror_follow'])}  (% of {result['mirror_informative']} content words, of "
+        f"{result['mirror_words']} both captions use, whose alpha on the mirrored photo overlaps the original's "
+        f"flipped more than unflipped)",
+        f"{'overlap':<10} {result['mirror_overlap_flipped'] or 0:6.3f} flipped, "
+        f"{result['mirror_overlap_unflipped'] or 0:.3f} unflipped  (mean histogram intersection)",
+        f"{'columns':<10} {_pct(result['columns_mirror'])} mirror, {_pct(result['columns_stay'])} stay  (% of "
+        f"{result['mirror_columns']} words off the centre column; the cell read, or alpha's arg-max)",
+    ]

@@ -465,3 +465,74 @@ def attention_movement(cells: Iterable[Sequence[int]]) -> dict[str, float | None
         pairs += c.size - 1
     return {"cells_per_caption": float(np.mean(distinct)) if distinct else None,
             "cell_changes": changes / pairs if pairs else None}
+
+
+# --------------------------------------------------------------------------- the mirror check
+
+# Words that name no thing in the photo: what the mirror check leaves out (with "left"/"right", which the
+# mirrored photo's caption exchanges)
+FUNCTION_WORDS = frozenset(
+    "a an the is are was be being of in on at to into onto with without and or while his her their its it "
+    "he she they them this that there by for from near over under up down through some one two three four "
+    "several another other each as out off next behind front top side its <unk> left right".split())
+
+
+def _first_uses(words: Sequence[str]) -> dict[str, int]:
+    """Each content word of a caption -> the index of its first use."""
+    uses: dict[str, int] = {}
+    for i, w in enumerate(words):
+        if w not in FUNCTION_WORDS and w not in uses:
+            uses[w] = i
+    return uses
+
+
+def _map_overlaps(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """Histogram intersections of the mirrored photo's map b (H, W) with the original's map a mirrored
+    (a[:, ::-1]) and unmirrored, and of a with its own mirror image (1: a left-right symmetric map)."""
+    flipped = a[:, ::-1]
+    return float(np.minimum(b, flipped).sum()), float(np.minimum(b, a).sum()), float(np.minimum(a, flipped).sum())
+
+
+def mirror_following(pairs: Iterable[tuple], grid_hw: tuple[int, int], symmetric: float = 0.9
+                     ) -> dict[str, float | int | None]:
+    """Whether attention follows the photo when the photo is mirrored left-right (content, not position).
+
+    ``pairs`` yields per image (words, alphas, cells) of the original photo's caption and the same of its
+    mirror's: words (n,), alphas (n, L) with L = H*W row-major, cells (n,) the cell each word read (cells_of:
+    the read cell of one-cell decoding, else α's arg-max) or None. Every content word that both captions use (first use in each; FUNCTION_WORDS left out)
+    is compared: the mirrored photo's map b against the original's map a flipped (a[:, ::-1]: what
+    attention grounded in the object gives) and unflipped (what a per-word position code gives).
+
+    Returns ``mirror_words`` (shared content words), ``mirror_follow`` (the share of them, leaving out words
+    whose map a is nearly symmetric, intersection with its mirror > ``symmetric``, whose b overlaps the
+    flipped map more than the unflipped one), ``mirror_informative`` (how many words that share counts),
+    ``mirror_overlap_flipped`` / ``mirror_overlap_unflipped`` (mean intersections over the shared words),
+    and, when cells are given, ``mirror_columns`` (shared words whose original cell is off the centre
+    column), ``columns_mirror`` (the share of those whose cell's column c became W-1-c) and ``columns_stay``
+    (the share whose column stayed c). Values are None without words to count.
+    """
+    H, W = grid_hw
+    flipped, unflipped, follows, columns, mirror, stay = [], [], [], 0, 0, 0
+    for words_a, alphas_a, locs_a, words_b, alphas_b, locs_b in pairs:
+        uses_a, uses_b = _first_uses(words_a), _first_uses(words_b)
+        a_maps, b_maps = _as_numpy(alphas_a).reshape(-1, H, W), _as_numpy(alphas_b).reshape(-1, H, W)
+        for word in uses_a.keys() & uses_b.keys():
+            i, j = uses_a[word], uses_b[word]
+            over_flipped, over_unflipped, self_mirror = _map_overlaps(a_maps[i], b_maps[j])
+            flipped.append(over_flipped)
+            unflipped.append(over_unflipped)
+            if self_mirror <= symmetric:
+                follows.append(over_flipped > over_unflipped)
+            if locs_a is not None and locs_b is not None:
+                col_a, col_b = int(locs_a[i]) % W, int(locs_b[j]) % W
+                if 2 * col_a != W - 1:  # the centre column mirrors onto itself: neither
+                    columns += 1
+                    mirror += col_b == W - 1 - col_a
+                    stay += col_b == col_a
+    def mean(values: list) -> float | None:
+        return float(np.mean(values)) if values else None
+
+    return {"mirror_words": len(flipped), "mirror_informative": len(follows), "mirror_follow": mean(follows),
+            "mirror_overlap_flipped": mean(flipped), "mirror_overlap_unflipped": mean(unflipped),
+            "mirror_columns": columns, "columns_mirror": mirror / columns if columns else None,
+            "columns_stay": stay / columns if columns else None}

@@ -289,22 +289,35 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        predictions, word_alphas, word_cells = {}, [], []
+        predictions, word_alphas, word_cells, reads = {}, [], [], {}
         for record, best, words in decode_batches(model, batches(), beam_size=1, attention_mode=mode, autocast=amp):
             predictions[record.image_id] = " ".join(words)
             if best.alphas is not None:
                 word_alphas.append(best.alphas[: len(words)].float().cpu())  # (n_words, L)
                 word_cells.append(cells_of(word_alphas[-1], best.locations))  # (n_words,)
+                reads[record.image_id] = (words, word_alphas[-1].numpy(), word_cells[-1])
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, mode, amp)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
     result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
     sharp = attention_sharpness(word_alphas)
     result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
-                   **attention_movement(word_cells), "tokenizer": resolve_tokenizer("auto")})
+                   **attention_movement(word_cells), **mirror, "tokenizer": resolve_tokenizer("auto")})
     return result
+
+
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, mode: str, amp: Any) -> dict:
+    """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluate.mirror_figures: the
+    mirrored photos are encoded from their images), else nothing."""
+    if not cfg.eval.mirror_check or not reads:
+        return {}
+    from captioner.evaluate import mirror_figures
+
+    with amp():
+        return mirror_figures(model, records, reads, {"beam_size": 1, "attention_mode": mode}, cfg.eval.batch_size)
 
 
 # --------------------------------------------------------------------------- metrics log
@@ -757,5 +770,7 @@ def _summary(entry: dict, metric: str, improved: bool) -> str:
     return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
             f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  max alpha {fmt('alpha_max')}  "
             f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
-            f"({entry['time_s']:.0f}s)"
+            + (f"mirror {fmt('mirror_follow')}  columns mirror {fmt('columns_mirror')} stay {fmt('columns_stay')}  "
+               if "mirror_words" in entry else "")
+            + f"({entry['time_s']:.0f}s)"
             + (f"  best {metric}" if improved else ""))

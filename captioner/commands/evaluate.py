@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1), default=None, metavar="Q",
                         help="re-save every image as a JPEG of quality Q (1..95) in memory before the encoder sees "
                              "it (so never reads the feature cache): how steady are the captions under recompression?")
+    parser.add_argument("--mirror-check", action="store_true",
+                        help="also caption every photo mirrored left-right and report whether attention follows "
+                             "the objects (flipped maps, mirrored columns) or stays where it was")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
@@ -89,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
                             meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
                             forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams,
-                            jpeg_quality=args.jpeg_quality)
+                            jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check)
     result["split"] = split
     if args.out:
         write_text_atomic(args.out, json.dumps(result, indent=2))
