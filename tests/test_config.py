@@ -192,7 +192,8 @@ _RUNS = {
     "hard xe paper": ["model.attention.attention=hard", "train.hard.estimator=paper"],
     "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
     "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
-    "hard scst": ["model.attention.attention=hard", "train.objective=scst"],
+    # hard-attention SCST that samples its cells needs its own entropy bonus set (config._check_scst_entropy)
+    "hard scst": ["model.attention.attention=hard", "train.objective=scst", "train.scst.entropy_weight=0.01"],
 }
 _NON_DEFAULT = {
     "train.alpha_c": "0.5", "train.alpha_entropy": "0.5", "train.hard.estimator": "loo",
@@ -209,7 +210,7 @@ _READ = {
                     "train.hard.entropy_weight", "train.hard.expectation_prob", "train.hard.samples",
                     "train.hard.reward_discount"},
     "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
-    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} | {"train.hard.entropy_weight"},
+    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},  # not train.hard: SCST has its own
 }
 
 
