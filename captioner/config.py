@@ -119,15 +119,26 @@ class ModelConfig:
 
 @dataclass
 class HardConfig:
-    """REINFORCE for hard attention (Xu et al. 2015, §4.1, Eq. 10-12)."""
+    """Hard attention's location policy under cross-entropy (Xu et al. 2015, §4.1): REINFORCE (Eq. 10-12) or
+    the straight-through Gumbel-softmax read; each estimator reads its own keys (ESTIMATOR_KEYS)."""
 
-    estimator: str = "paper"  # paper (Eq. 10-12, moving-average baseline) | loo (samples per caption, losses.py)
+    estimator: str = "paper"  # paper (Eq. 10-12) | loo (K samples per caption) | gumbel (Gumbel-softmax); losses.py
     reinforce_weight: float = 1.0  # lambda_r
     entropy_weight: float = 0.01  # lambda_e (SCST has its own: train.scst.entropy_weight)
     baseline_decay: float = 0.9  # paper: b <- decay * b + (1 - decay) * log p(y | s, a)
     expectation_prob: float = 0.5  # per caption, replace the sampled cells by the expectation
     samples: int = 4  # loo: location paths sampled per caption (K)
     reward_discount: float = 1.0  # loo: delta of the reward to go (1: unbiased)
+    temperature: float = 1.0  # gumbel: tau of the relaxed read in the first epoch
+    temperature_min: float = 0.5  # gumbel: tau in the last epoch (geometric in between: losses.gumbel_temperature)
+
+
+# The train.hard keys each estimator reads (the others are unread_keys of its runs).
+ESTIMATOR_KEYS: dict[str, tuple[str, ...]] = {
+    "paper": ("reinforce_weight", "entropy_weight", "baseline_decay", "expectation_prob"),
+    "loo": ("reinforce_weight", "entropy_weight", "expectation_prob", "samples", "reward_discount"),
+    "gumbel": ("expectation_prob", "temperature", "temperature_min"),
+}
 
 
 @dataclass
@@ -234,6 +245,7 @@ POSITIVE = (
     "model.decoder.hidden_dim", "model.decoder.layers", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
     "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
+    "train.hard.temperature", "train.hard.temperature_min",
 )
 NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
@@ -358,11 +370,19 @@ def unread_keys(cfg: Config) -> dict[str, str]:
         unread[f"train.scst.{f.name}"] = "only train.objective: scst reads train.scst"
     if not hard:
         unread.update({key: "only hard attention reads train.hard" for key in hard_keys})
-    elif cfg.train.hard.estimator == "paper":
-        for key in ("train.hard.samples", "train.hard.reward_discount"):
-            unread[key] = "only train.hard.estimator: loo reads it"
     else:
-        unread["train.hard.baseline_decay"] = "the 'loo' estimator has no moving-average baseline"
+        unread.update(_unread_estimator_keys(cfg.train.hard.estimator))
+    return unread
+
+
+def _unread_estimator_keys(estimator: str) -> dict[str, str]:
+    """The train.hard keys that ``estimator`` does not read (ESTIMATOR_KEYS), each with the estimators that do."""
+    unread = {}
+    for f in dataclasses.fields(HardConfig):
+        if f.name == "estimator" or f.name in ESTIMATOR_KEYS.get(estimator, ()):
+            continue
+        readers = " or ".join(repr(e) for e, keys in ESTIMATOR_KEYS.items() if f.name in keys)
+        unread[f"train.hard.{f.name}"] = f"the {estimator!r} estimator does not read it (only {readers})"
     return unread
 
 
@@ -428,6 +448,10 @@ def validate(cfg: Config) -> None:
     if cfg.data.val_share + cfg.data.test_share >= 1.0:
         raise ConfigError(f"data.val_share + data.test_share must be < 1 (training needs images), got "
                           f"{cfg.data.val_share} + {cfg.data.test_share}")
+    if cfg.train.hard.temperature_min > cfg.train.hard.temperature:
+        raise ConfigError(f"train.hard.temperature_min ({cfg.train.hard.temperature_min}) must be <= "
+                          f"train.hard.temperature ({cfg.train.hard.temperature}): the Gumbel-softmax read anneals "
+                          f"from temperature down to temperature_min")
     if cfg.train.hard.estimator == "loo" and cfg.train.hard.samples < 2:
         raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:

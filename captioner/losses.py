@@ -1,4 +1,5 @@
-"""Training objectives of Xu et al. 2015: soft attention (§4.2) and REINFORCE hard attention (§4.1).
+"""Training objectives of Xu et al. 2015: soft attention (§4.2) and hard attention (§4.1: REINFORCE, or a
+straight-through Gumbel-softmax read).
 
 Soft, Eq. (14), per caption:   L_b = -Σ_t log p(y_t | a) + λ Σ_i (1 - Σ_t α_ti)²
     The paper adds the penalty to the negative log-likelihood *of the caption* (summed over its
@@ -41,6 +42,14 @@ below (docs/hard-attention.md). ``loo_hard_attention_loss`` (``estimator: loo``)
 and credits each s_t with the words from t on, against the mean of the caption's other K-1 paths at
 the same step (Kool et al. 2019): what the copies share cancels, and with λ_r = 1 the estimate stays
 unbiased (exact enumeration in tests/test_losses.py).
+
+``gumbel_attention_loss`` (``estimator: gumbel``) needs no REINFORCE term at all: the decoder reads in attention
+mode "gumbel" (models/attention.py, read_context), one cell s_t ~ α_t per word in the forward pass (the Gumbel-max
+trick) and, in the backward pass, the gradient of the relaxed sample softmax((log α_t + g_t)/τ) (straight-through
+Gumbel-softmax: Jang et al. 2017, arXiv:1611.01144; Maddison et al. 2017, arXiv:1611.00712). The context itself
+then carries the caption's gradient to the scorer, one location path per caption, and the loss is Eq. (14)'s
+(cross-entropy, λ, γ) on that read. The estimate is biased (it is the gradient of a relaxed model, not of Eq. 10's
+bound) with far less variance than REINFORCE; τ trades the two and anneals over training (gumbel_temperature).
 
 Under SCST (``scst_loss``) the location policy also gets λ_e's entropy bonus; the attention terms
 (λ, γ) are not defined on sampled captions there, and config.check_read_keys refuses them.
@@ -339,8 +348,39 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
 
 
 # How hard attention's location policy is trained under cross-entropy (train.hard.estimator): "paper" is
-# hard_attention_loss (Eq. 10-12), "loo" is loo_hard_attention_loss (K samples, leave-one-out baseline).
+# hard_attention_loss (Eq. 10-12), "loo" is loo_hard_attention_loss (K samples, leave-one-out baseline), "gumbel"
+# is gumbel_attention_loss (the straight-through Gumbel-softmax read, no REINFORCE term).
 # captioner/names.py names them (HARD_ESTIMATORS), below the config, which checks train.hard.estimator.
+
+
+def gumbel_attention_loss(output: Any, targets: Tensor, alpha_c: float = 0.0,
+                          alpha_entropy: float = 0.0) -> LossOutput:
+    """Hard attention trained through the straight-through Gumbel-softmax read (``train.hard.estimator: gumbel``).
+
+    ``output``: a DecoderOutput of attention mode "gumbel" (each word read one cell s_t ~ α_t, and the context's
+    gradient reaches the scores through the relaxed sample; models/attention.py, read_context). The loss is
+
+        loss = -(1/N) Σ_b [ Σ_t log p(y_t | s̃, a) + λ Σ_i (1 - Σ_t α_ti)² ] + γ · mean normalised H(α_t)
+
+    soft_attention_loss's terms (Eq. 14) on the sampled read: no REINFORCE term and no baseline, since the
+    scorer's gradient comes through z_t directly. Rows the decoder read with the expected context (the §4.1
+    trick, ``expectation_mask``) are plain soft-attention captions here.
+    """
+    if output.log_probs is None:
+        raise ValueError("gumbel_attention_loss needs a decoder output from attention_mode='gumbel' "
+                         "(log_probs is None: is the attention kind 'hard'?)")
+    return soft_attention_loss(output, targets, alpha_c=alpha_c, alpha_entropy=alpha_entropy)
+
+
+def gumbel_temperature(epoch: int, epochs: int, start: float, end: float) -> float:
+    """τ of the Gumbel-softmax read in ``epoch`` (0-based) of ``epochs``: annealed geometrically (exponentially in
+    the epoch) from ``start`` in the first epoch to ``end`` in the last, τ_e = start · (end / start)^(e / (E-1)),
+    the shape of Jang et al.'s schedule (τ = max(τ_min, exp(-r t)) in the training step t) fixed by its two ends;
+    a one-epoch run keeps ``start``. It depends on the epoch and the config only, so a resume reproduces it."""
+    if epochs <= 1:
+        return float(start)
+    share = min(max(epoch, 0), epochs - 1) / (epochs - 1)
+    return float(start * (end / start) ** share)
 
 
 def reward_to_go(rewards: Tensor, discount: float = 1.0) -> Tensor:

@@ -2,7 +2,9 @@
 
 Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of captioner/losses.py:
 soft attention by backpropagation (§4.2, Eq. 14), hard attention by REINFORCE with a moving
-baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12).
+baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12), or by its leave-one-out or
+straight-through Gumbel-softmax estimators (``train.hard.estimator``; the last one's temperature is annealed per
+epoch, losses.gumbel_temperature).
 
 - ``train()`` reads top to bottom: ``_set_up`` (data, model, optimizer; with ``--resume`` their saved
   state), then per epoch ``_train_epoch`` and ``_end_epoch`` (validate, select, checkpoint).
@@ -53,8 +55,8 @@ from captioner.distributed import (TrainingError, barrier, broadcast_flag, gathe
                                    seed_everything, set_rng_state, setup_distributed)
 from captioner.decode import decode_batches
 from captioner.train_data import epoch_loader, load_split_records, make_datasets
-from captioner.losses import (LossOutput, hard_attention_loss, loo_hard_attention_loss, sequence_cross_entropy,
-                              soft_attention_loss, update_baseline)
+from captioner.losses import (LossOutput, gumbel_attention_loss, gumbel_temperature, hard_attention_loss,
+                              loo_hard_attention_loss, sequence_cross_entropy, soft_attention_loss, update_baseline)
 from captioner.optim import OPTIMIZERS, build_optimizer
 from captioner.runtime import keep_freed_memory
 
@@ -82,10 +84,13 @@ class _TrainForward(nn.Module):
 
     def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
                 attention_mode: str = "soft", expectation_mask: torch.Tensor | None = None,
-                sample: dict | None = None, rows: torch.Tensor | None = None):
+                sample: dict | None = None, rows: torch.Tensor | None = None, temperature: float | None = None):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
-        reads (several captions may read one image's grid, encoded once); they share dropout masks."""
+        reads (several captions may read one image's grid, encoded once); they share dropout masks.
+        ``temperature``: τ of the attention's "gumbel" read (models/attention.py), set before decoding."""
+        if temperature is not None:
+            self.model.decoder.attention.temperature = temperature
         grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
         if rows is not None:
             grid = grid.index_select(0, rows)  # (N, L, D)
@@ -97,9 +102,10 @@ class _TrainForward(nn.Module):
 
 
 def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None,
-                 scst: Any = None) -> LossOutput:
-    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick; with ``scst``,
-    a captioner.scst.SelfCritical, the self-critical objective)."""
+                 scst: Any = None, temperature: float = 1.0) -> LossOutput:
+    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick, or the estimator
+    train.hard.estimator names; with ``scst``, a captioner.scst.SelfCritical, the self-critical objective).
+    ``temperature``: τ of the "gumbel" estimator's relaxed read (this epoch's, gumbel_temperature)."""
     if scst is not None:
         return scst.loss(forward, _bare(forward).model, batch)
     targets = batch.captions[:, 1:]  # (B, T-1)
@@ -121,6 +127,12 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
                                        reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
                                        discount=h.reward_discount, alpha_c=cfg.train.alpha_c,
                                        alpha_entropy=cfg.train.alpha_entropy)
+    if h.estimator == "gumbel":  # the context carries the scorer's gradient: no REINFORCE term
+        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="gumbel",
+                      expectation_mask=expectation, temperature=temperature)
+        res = gumbel_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
+        res.parts["temperature"] = res.loss.new_tensor(temperature).detach()
+        return res
     out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="sample", expectation_mask=expectation)
     return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
                                reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
@@ -357,11 +369,11 @@ class Progress:
 
 def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
                 optimizer: torch.optim.Optimizer, scaler: Any, amp: Any, world: int,
-                scst: Any = None) -> LossOutput | None:
+                scst: Any = None, temperature: float = 1.0) -> LossOutput | None:
     """One optimizer step; None when skipped for a non-finite loss or gradient (the weights are untouched)."""
     t = cfg.train
     with amp():
-        res = compute_loss(forward, batch, cfg, hard, progress.baseline, scst)
+        res = compute_loss(forward, batch, cfg, hard, progress.baseline, scst, temperature=temperature)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(res.loss).backward()
     scaler.unscale_(optimizer)
@@ -617,12 +629,13 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
                      num_workers=num_workers, pin_memory=run.device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
     n_steps, skipped = 0, 0
+    temperature = gumbel_temperature(epoch, t.epochs, t.hard.temperature, t.hard.temperature_min)  # gumbel only
     epoch_start = time.monotonic()
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not run.is_main, mininterval=1.0,
                dynamic_ncols=True, leave=False)
     for batch in bar:
         res = _train_step(run.forward, batch.to(run.device), run.cfg, run.hard, progress, run.optimizer,
-                          run.scaler, run.amp, run.world, run.scst)
+                          run.scaler, run.amp, run.world, run.scst, temperature)
         if res is None:
             skipped += 1
             continue

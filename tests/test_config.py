@@ -181,7 +181,7 @@ def test_choices_are_the_model_code_tables():
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
     assert GATES == CHOICES["model.decoder.gate"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
-    assert names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo")
+    assert names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
     assert names.HARD_DECODING_MODES == CHOICES["eval.attention_mode"]
 
 
@@ -191,13 +191,16 @@ _RUNS = {
     "soft xe": ["model.attention.attention=soft"],
     "hard xe paper": ["model.attention.attention=hard", "train.hard.estimator=paper"],
     "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
+    "hard xe gumbel": ["model.attention.attention=hard", "train.hard.estimator=gumbel"],
     "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
-    "hard scst": ["model.attention.attention=hard", "train.objective=scst"],
+    # hard-attention SCST that samples its cells needs its own entropy bonus set (config._check_scst_entropy)
+    "hard scst": ["model.attention.attention=hard", "train.objective=scst", "train.scst.entropy_weight=0.01"],
 }
 _NON_DEFAULT = {
     "train.alpha_c": "0.5", "train.alpha_entropy": "0.5", "train.hard.estimator": "loo",
     "train.hard.reinforce_weight": "0.5", "train.hard.entropy_weight": "0.5", "train.hard.baseline_decay": "0.5",
     "train.hard.expectation_prob": "0.25", "train.hard.samples": "3", "train.hard.reward_discount": "0.5",
+    "train.hard.temperature": "2.0", "train.hard.temperature_min": "0.25",
     "train.scst.samples": "3", "train.scst.baseline": "greedy", "train.scst.reward_end": "false",
     "train.scst.max_length": "9", "train.scst.forbid_unk": "false", "train.scst.greedy_images": "7",
 }
@@ -208,8 +211,10 @@ _READ = {
     "hard xe loo": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
                     "train.hard.entropy_weight", "train.hard.expectation_prob", "train.hard.samples",
                     "train.hard.reward_discount"},
+    "hard xe gumbel": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.expectation_prob",
+                       "train.hard.temperature", "train.hard.temperature_min"},
     "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
-    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} | {"train.hard.entropy_weight"},
+    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},  # not train.hard: SCST has its own
 }
 
 

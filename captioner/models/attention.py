@@ -6,11 +6,15 @@
     hard (§4.1):  s_t ~ Multinoulli_L(alpha_t),  z_t = a_{s_t}           Eq. (8)-(9),
                   trained with REINFORCE through log p(s_t) = log alpha_t,s_t  Eq. (12)
 
-Every module reads its context in one of four explicit modes:
+Every module reads its context in one of five explicit modes:
     "soft" / "expectation"  the expectation sum_i alpha_i v_i (identical computations)
     "sample"                one location drawn from alpha; log_prob = log alpha_s carries the
                             gradient to the scorer (the context itself does not)
     "argmax"                the most probable location (deterministic hard decoding)
+    "gumbel"                training only (train.hard.estimator: gumbel): one location drawn from alpha by
+                            the Gumbel-max trick, read straight through a Gumbel-softmax relaxation, so the
+                            context itself carries the gradient to the scorer (``read_context``; Jang et al.
+                            2017, arXiv:1611.01144; Maddison et al. 2017, arXiv:1611.00712)
 Modules: SoftAttention and HardAttention read the raw grid (they compute the same thing; the
 decoder honours the mode only for "hard"), KeyValueAttention (separate key and value projections),
 MultiHeadAttention (M heads over subspaces, concatenated and projected; also the Transformer decoder's
@@ -35,8 +39,9 @@ from captioner.models.scorers import build_scorer
 # The one definition of the attention modes (module docstring); decoding reads these. The hard ones a run may
 # choose (eval.attention_mode, --attention-mode) are named in captioner/names.py (HARD_DECODING_MODES), below
 # the config that checks them.
-MODES = ("soft", "expectation", "sample", "argmax")
-ONE_CELL_MODES = ("sample", "argmax")  # the modes that read a single grid cell per word
+MODES = ("soft", "expectation", "sample", "argmax", "gumbel")
+ONE_CELL_MODES = ("sample", "argmax", "gumbel")  # the modes that read a single grid cell per word
+TRAINING_MODES = ("gumbel",)  # reads that only make sense under a training objective: decoding refuses them
 
 
 def reads_one_cell(mode: str) -> bool:
@@ -59,15 +64,24 @@ def resolve_mode(mode: str, stochastic: bool, one_cell: bool = False) -> str:
     return mode
 
 
+def check_decoding_mode(mode: str) -> None:
+    """Refuse a training-only read (TRAINING_MODES) for decoding: "gumbel" is "sample" with a relaxed gradient,
+    which a search has no use for."""
+    check_mode(mode)
+    if mode in TRAINING_MODES:
+        raise ValueError(f"attention mode {mode!r} is a training read (train.hard.estimator: gumbel); decode with "
+                         f"'expectation', 'argmax' or 'sample'")
+
+
 @dataclass
 class AttentionOutput:
     """One attention read.
 
     context: (B, out_dim). alpha: (B, L), sums to one (multi-head: mean over heads).
-    log_prob: (B,) log p(s) of the chosen location(s) in "sample"/"argmax" modes (summed over
-        heads), 0 for rows under expectation_mask; None in "soft"/"expectation" modes.
+    log_prob: (B,) log p(s) of the chosen location(s) in the one-cell modes ("sample"/"argmax"/"gumbel"; summed
+        over heads), 0 for rows under expectation_mask; None in "soft"/"expectation" modes.
     entropy: (B,) entropy of alpha (summed over heads); None when called with entropy=False.
-    index: (B,) chosen location in "sample"/"argmax" modes ((B, M) for multi-head; -1 for rows
+    index: (B,) chosen location in the one-cell modes ((B, M) for multi-head; -1 for rows
         under expectation_mask); None otherwise.
     head_alpha: (B, M, L) per-head distributions (multi-head only).
     """
@@ -85,19 +99,37 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"unknown attention mode {mode!r}; valid modes: {', '.join(MODES)}")
 
 
+def gumbel_noise(like: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Standard Gumbel noise g = -log(-log u), u ~ U(0, 1), of ``like``'s shape (float32 at least)."""
+    dtype = like.dtype if like.dtype == torch.float64 else torch.float32
+    u = torch.rand(like.shape, dtype=dtype, device=like.device, generator=generator)
+    return -torch.log(-torch.log(u.clamp_(min=torch.finfo(dtype).tiny)))  # u = 0 would give -inf
+
+
 def read_context(scores: Tensor, values: Tensor, mode: str,
                  expectation_mask: Tensor | None = None,
                  generator: torch.Generator | None = None,
-                 entropy: bool = True) -> AttentionOutput:
+                 entropy: bool = True, temperature: float = 1.0) -> AttentionOutput:
     """Read a context from `values` (N, L, Dv) under alpha = softmax(scores (N, L)) in `mode`.
 
     `values` may also be (N / G, L, Dv): G consecutive score rows share one values row (beam
     search's K beams of an image), read once per step by one (G, L) @ (L, Dv) matmul.
 
-    expectation_mask (N,) bool, only used by "sample"/"argmax": rows where True read the
+    expectation_mask (N,) bool, only used by the one-cell modes: rows where True read the
     expectation instead and get log_prob 0 (the variance-reduction trick of §4.1, where with
     probability 0.5 the expected context replaces the sampled one).
     entropy=False skips the entropy (the soft decoder's hot loop does not need it).
+
+    "gumbel" (the only mode that reads ``temperature``, τ > 0), the straight-through Gumbel-softmax estimator
+    (Jang et al. 2017; Maddison et al. 2017): with g_i standard Gumbel noise,
+
+        s = argmax_i (log alpha_i + g_i)              a sample of alpha (the Gumbel-max trick, Jang et al. Eq. 1)
+        y~ = softmax((log alpha + g) / τ)             the relaxed sample (Eq. 2; straight through: §2.2)
+        y = onehot(s) - stopgrad(y~) + y~,   z = sum_i y_i v_i
+
+    The forward pass reads exactly v_s (z is written v_s + sum_i (y~_i - stopgrad(y~_i)) stopgrad(v_i), whose
+    second term is exactly zero: the same value and the same gradients as the line above, without the rounding
+    of onehot - y~ + y~); the backward pass sends dL/dz · v_i to each y~_i, through the softmax to the scores.
     """
     check_mode(mode)
     hard = reads_one_cell(mode)
@@ -114,12 +146,20 @@ def read_context(scores: Tensor, values: Tensor, mode: str,
     if not hard:
         context = torch.bmm(alpha.view(M, -1, L), values).view(-1, Dv)  # (M, G, L) @ (M, L, Dv) -> (N, Dv)
         return AttentionOutput(context, alpha, None, ent, None)
+    relaxed = None
     if mode == "sample":
         index = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (N,)
+    elif mode == "gumbel":
+        perturbed = log_alpha + gumbel_noise(log_alpha, generator).to(log_alpha.dtype)  # (N, L): log alpha + g
+        index = perturbed.detach().argmax(dim=-1)  # (N,): s ~ alpha
+        relaxed = F.softmax(perturbed / temperature, dim=-1)  # (N, L): y~
     else:
         index = log_alpha.argmax(dim=-1)  # (N,)
     rows = torch.arange(alpha.shape[0], device=values.device) // (alpha.shape[0] // M)  # (N,) values row
     context = values[rows, index]  # (N, Dv)
+    if relaxed is not None:  # + a zero that carries the relaxed sample's gradient (straight through)
+        through = (relaxed - relaxed.detach()).view(M, -1, L)  # (M, G, L), all zeros
+        context = context + torch.bmm(through, values.detach()).view(-1, Dv)  # (N, Dv)
     log_prob = log_alpha.gather(1, index.unsqueeze(1)).squeeze(1)  # (N,)
     if expectation_mask is not None:
         soft = torch.bmm(alpha.view(M, -1, L), values).view(-1, Dv)  # (N, Dv)
@@ -137,7 +177,13 @@ class SoftAttention(nn.Module):
         key_dim: size D of an annotation vector (also the context size).
         query_dim: size Q of the query h_{t-1}.
         attention_dim: hidden size A of the scorer.
+
+    ``temperature``: τ of the "gumbel" read (read_context), an attribute, not a parameter or a buffer: the
+    training loop sets it each epoch from its schedule (train.hard.temperature -> temperature_min,
+    losses.gumbel_temperature); no other mode reads it.
     """
+
+    temperature: float = 1.0
 
     # Whether the decoder should honour stochastic modes (only "hard" is trained that way).
     stochastic = False
@@ -169,14 +215,15 @@ class SoftAttention(nn.Module):
             scores = self.scorer.score(projected_query, prepared)  # (B, L)
         else:
             scores = self.scorer(query, prepared)  # (B, L)
-        return read_context(scores, values, mode, expectation_mask, generator, entropy)
+        return read_context(scores, values, mode, expectation_mask, generator, entropy, self.temperature)
 
 
 class HardAttention(SoftAttention):
     """Stochastic hard attention over the raw grid, §4.1: z = a_s, s ~ Multinoulli(alpha).
 
     Same computation as SoftAttention; the decoder honours its mode ("sample" for REINFORCE
-    training, "argmax" or "expectation" for decoding). Args as SoftAttention.
+    training, "gumbel" for straight-through Gumbel-softmax training at ``temperature``, "argmax",
+    "sample" or "expectation" for decoding). Args as SoftAttention.
     """
 
     stochastic = True
@@ -216,6 +263,8 @@ class MultiHeadAttention(nn.Module):
     scorer shared by all heads (folded into the batch, so all heads cost one scorer call), reads
     its value subspace, and the M reads are concatenated and projected. In "sample"/"argmax" modes
     every head picks its own location; log_prob and entropy are summed over heads.
+
+    The "gumbel" read is not offered (one_cell is False: resolve_mode refuses every one-cell mode here).
 
     Queries come G >= 1 per memory row (grouped_queries): beam search's beams of one image, or the
     Transformer decoder's T words of one caption. ``allowed`` (G, L) bool, when given, hides the

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from captioner.models.attention import resolve_mode
+from captioner.models.attention import check_decoding_mode, resolve_mode
 from captioner.models.decoders import CaptionDecoder, DecoderOutput
 from captioner.models.encoder import Encoder
 
@@ -126,8 +126,11 @@ class Captioner(nn.Module):
 
     def decode_mode(self, attention_mode: str | None) -> str:
         """The attention mode decoding uses, resolved once per decode: soft models decode softly unless asked to
-        read one cell per word ("argmax"/"sample"), which they do when their attention can (else an error)."""
-        return resolve_mode(attention_mode or self.attention_mode, self.decoder.stochastic, self.decoder.one_cell)
+        read one cell per word ("argmax"/"sample"), which they do when their attention can (else an error).
+        Training-only reads ("gumbel") are refused."""
+        mode = attention_mode or self.attention_mode
+        check_decoding_mode(mode)
+        return resolve_mode(mode, self.decoder.stochastic, self.decoder.one_cell)
 
     @torch.no_grad()
     def generate(

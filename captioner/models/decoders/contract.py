@@ -55,8 +55,8 @@ class DecoderOutput:
     logits: (B, T-1, V) predicting captions[:, 1:], zero at padded steps: a property, scattered from
         packed_logits on first use (the losses need neither).
     alphas: (B, T-1, L), zero at padded steps.
-    log_probs: (B, T-1) log p(s_t) of the attended locations (hard attention in "sample"/"argmax"
-        modes; 0 at padded steps and for images under expectation_mask), else None.
+    log_probs: (B, T-1) log p(s_t) of the attended locations (hard attention in the one-cell modes,
+        "sample"/"argmax"/"gumbel"; 0 at padded steps and for images under expectation_mask), else None.
     entropies: (B, T-1) entropy of alpha_t (hard attention; 0 at padded steps), else None.
     mask: (B, T-1) bool, True at real steps (t < length - 1).
     """
