@@ -192,7 +192,7 @@ _RUNS = {
     "hard xe paper": ["model.attention.attention=hard", "train.hard.estimator=paper"],
     "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
     "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
-    "hard scst": ["model.attention.attention=hard", "train.objective=scst"],
+    "hard scst": ["model.attention.attention=hard", "train.objective=scst", "train.scst.entropy_weight=0.01"],
 }
 _NON_DEFAULT = {
     "train.alpha_c": "0.5", "train.alpha_entropy": "0.5", "train.hard.estimator": "loo",
@@ -200,6 +200,7 @@ _NON_DEFAULT = {
     "train.hard.expectation_prob": "0.25", "train.hard.samples": "3", "train.hard.reward_discount": "0.5",
     "train.scst.samples": "3", "train.scst.baseline": "greedy", "train.scst.reward_end": "false",
     "train.scst.max_length": "9", "train.scst.forbid_unk": "false", "train.scst.greedy_images": "7",
+    "train.scst.xe_weight": "0.5", "train.scst.entropy_weight": "0.5",
 }
 _READ = {
     "soft xe": {"train.alpha_c", "train.alpha_entropy"},
@@ -208,8 +209,9 @@ _READ = {
     "hard xe loo": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
                     "train.hard.entropy_weight", "train.hard.expectation_prob", "train.hard.samples",
                     "train.hard.reward_discount"},
-    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
-    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} | {"train.hard.entropy_weight"},
+    # soft attention has no location policy: no train.scst.entropy_weight; SCST reads none of train.hard
+    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} - {"train.scst.entropy_weight"},
+    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
 }
 
 
