@@ -406,25 +406,25 @@ def _unread_decoder_keys(kind: str) -> dict[str, str]:
 
 def check_read_keys(cfg: Config) -> None:
     """A setting the run would ignore is refused, not accepted: any key of unread_keys whose value is
-    not the default."""
+    not the default; and a setting the run must choose itself is refused unset (check_scst_entropy)."""
     default = Config()
     for key, why in unread_keys(cfg).items():
         if get_path(cfg, key) != get_path(default, key):
             raise ConfigError(f"{key}: set to {get_path(cfg, key)!r}, but this run would ignore it ({why}); "
                               f"remove it from the config")
+    check_scst_entropy(cfg)
 
 
-def _check_scst_entropy(cfg: Config) -> None:
-    """Hard-attention SCST that samples its cells needs train.scst.entropy_weight set (>= 0), explicitly."""
+def check_scst_entropy(cfg: Config) -> None:
+    """Hard-attention SCST that samples its cells needs train.scst.entropy_weight set (>= 0), explicitly. A
+    run's check (check_read_keys, scst.SelfCritical), not validate's: the config of a hard SCST checkpoint
+    saved before the key existed (the default, unset) still loads for decoding."""
     scst = cfg.train.scst
-    if scst.entropy_weight == ScstConfig.entropy_weight:
-        if (cfg.train.objective == "scst" and cfg.model.attention.attention == "hard"
-                and scst.attention_mode == "sample"):
-            raise ConfigError("train.scst.entropy_weight: hard-attention SCST samples its cells and needs the "
-                              "location policy's entropy bonus set explicitly (e.g. 0.01, or 0 for none; it is "
-                              "not inherited from train.hard.entropy_weight), or train.scst.attention_mode: argmax")
-    elif scst.entropy_weight < 0:
-        raise ConfigError(f"train.scst.entropy_weight: must be >= 0, got {scst.entropy_weight!r}")
+    if (scst.entropy_weight == ScstConfig.entropy_weight and cfg.train.objective == "scst"
+            and cfg.model.attention.attention == "hard" and scst.attention_mode == "sample"):
+        raise ConfigError("train.scst.entropy_weight: hard-attention SCST samples its cells and needs the "
+                          "location policy's entropy bonus set explicitly (e.g. 0.01, or 0 for none; it is "
+                          "not inherited from train.hard.entropy_weight), or train.scst.attention_mode: argmax")
 
 
 def validate(cfg: Config) -> None:
@@ -456,7 +456,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
     if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
-    _check_scst_entropy(cfg)
+    if cfg.train.scst.entropy_weight != ScstConfig.entropy_weight and cfg.train.scst.entropy_weight < 0:
+        raise ConfigError(f"train.scst.entropy_weight: must be >= 0, got {cfg.train.scst.entropy_weight!r}")
     dec = cfg.model.decoder
     if not -dec.layers <= dec.overlay_layer < dec.layers:
         raise ConfigError(f"model.decoder.overlay_layer: {dec.overlay_layer} is not a layer of model.decoder.layers "

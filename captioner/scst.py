@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from captioner.config import Config
+from captioner.config import Config, check_scst_entropy
 from captioner.losses import LossOutput, scst_baseline, scst_loss, sequence_cross_entropy
 from captioner.rewards import CiderD
 
@@ -53,7 +53,8 @@ class SelfCritical:
         self.sample_mode = s.attention_mode if model.decoder.stochastic else "soft"
         self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
         self.greedy_images = s.greedy_images
-        # the location policy's entropy bonus: set explicitly for sampled cells (config._check_scst_entropy)
+        # the location policy's entropy bonus: set explicitly for sampled cells (also when cfg skipped load_config)
+        check_scst_entropy(cfg)
         self.entropy_weight = max(s.entropy_weight, 0.0) if self.sample_mode == "sample" else 0.0
         self.xe_weight = s.xe_weight
         self.encoded = train_set.encoded  # per record: its reference captions, encoded

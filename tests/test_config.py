@@ -193,7 +193,7 @@ _RUNS = {
     "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
     "hard xe gumbel": ["model.attention.attention=hard", "train.hard.estimator=gumbel"],
     "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
-    # hard-attention SCST that samples its cells needs its own entropy bonus set (config._check_scst_entropy)
+    # hard-attention SCST that samples its cells needs its own entropy bonus set (config.check_scst_entropy)
     "hard scst": ["model.attention.attention=hard", "train.objective=scst", "train.scst.entropy_weight=0.01"],
 }
 _NON_DEFAULT = {
@@ -203,6 +203,7 @@ _NON_DEFAULT = {
     "train.hard.temperature": "2.0", "train.hard.temperature_min": "0.25",
     "train.scst.samples": "3", "train.scst.baseline": "greedy", "train.scst.reward_end": "false",
     "train.scst.max_length": "9", "train.scst.forbid_unk": "false", "train.scst.greedy_images": "7",
+    "train.scst.xe_weight": "0.5", "train.scst.entropy_weight": "0.5",
 }
 _READ = {
     "soft xe": {"train.alpha_c", "train.alpha_entropy"},
@@ -213,8 +214,9 @@ _READ = {
                     "train.hard.reward_discount"},
     "hard xe gumbel": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.expectation_prob",
                        "train.hard.temperature", "train.hard.temperature_min"},
-    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
-    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},  # not train.hard: SCST has its own
+    # soft attention has no location policy: no train.scst.entropy_weight; SCST reads none of train.hard
+    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} - {"train.scst.entropy_weight"},
+    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
 }
 
 

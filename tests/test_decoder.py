@@ -164,7 +164,7 @@ def test_hard_expectation_mask_hook():
     assert torch.allclose(out.logits[use_soft], soft.logits[use_soft], atol=1e-5)
 
 
-def test_hard_argmax_is_deterministic_and_soft_ignores_mode():
+def test_hard_argmax_is_deterministic_and_soft_reads_one_cell_on_request():
     hard = make("hard").eval()
     grid, captions, lengths = batch()
     with torch.no_grad():
@@ -172,9 +172,13 @@ def test_hard_argmax_is_deterministic_and_soft_ignores_mode():
         b = hard(grid, captions, lengths, attention_mode="argmax")
         assert torch.equal(a.logits, b.logits)
         assert a.log_probs is not None
-        soft = make("soft").eval()
-        assert torch.equal(soft(grid, captions, lengths, "sample").logits,
+        soft = make("soft").eval()  # the same weights as hard (same seed, same parameters)
+        assert torch.equal(soft(grid, captions, lengths, "expectation").logits,
                            soft(grid, captions, lengths, "soft").logits)
+        # asked for argmax, a soft model reads the arg-max cell as the hard one does, not its soft read
+        one_cell = soft(grid, captions, lengths, "argmax")
+        assert torch.equal(one_cell.logits, a.logits)
+        assert not torch.allclose(one_cell.logits, soft(grid, captions, lengths, "soft").logits)
 
 
 def test_bad_arguments_name_valid_choices():

@@ -119,7 +119,8 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
     dec = tiny(kind, dropout=0.1).train()
     grid = torch.randn(2, L, D)
     k = 3
-    sample = dec.sample(grid, k, START, END, max_length=5, forbid_ids=(3,))
+    # SCST samples the words of a soft model and reads softly (SelfCritical.sample_mode)
+    sample = dec.sample(grid, k, START, END, max_length=5, forbid_ids=(3,), attention_mode="soft")
     N = 2 * k
     assert sample.tokens.shape == sample.word_log_probs.shape and sample.tokens.shape[0] == N
     assert sample.alphas.shape == (*sample.tokens.shape, L)
@@ -136,7 +137,7 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
     # greedy sampling (SCST's greedy baseline) decodes what greedy search decodes
     dec.eval()
     with torch.no_grad():
-        drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True)
+        drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True, attention_mode="soft")
         greedy = greedy_search(_step_fn(dec), dec.init_state(grid), batch_size=2, start_id=START, end_id=END,
                                max_length=5, forbid_ids=(PAD, START))
     for row, hyp in zip(drawn.tokens.tolist(), greedy):

@@ -334,7 +334,8 @@ def test_inference_caches_follow_weight_updates(optimizer):
     torch.testing.assert_close(step_logp(), reference(), atol=1e-6, rtol=1e-6)
 
 
-def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
+@pytest.mark.parametrize("mode", ["soft", "argmax"])  # argmax: a soft model reading one cell of projected values
+def test_sample_without_autograd_reads_projected_values_like_the_plain_path(mode):
     """sample() expands its state like beam search; without autograd that may give a ProjectedState."""
     torch.manual_seed(6)
     dec = FastShowAttendTellDecoder(19, 10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0).eval()
@@ -343,7 +344,7 @@ def test_sample_without_autograd_reads_projected_values_like_the_plain_path():
     for words in (20, 0):  # projected, plain
         dec.project_values_words = words
         with torch.no_grad():
-            outs.append(dec.sample(grid, 4, start_id=1, end_id=2, max_length=6, greedy=True))
+            outs.append(dec.sample(grid, 4, start_id=1, end_id=2, max_length=6, greedy=True, attention_mode=mode))
     assert torch.equal(outs[0].tokens, outs[1].tokens)
     torch.testing.assert_close(outs[0].word_log_probs, outs[1].word_log_probs, atol=1e-5, rtol=1e-5)
 

@@ -19,6 +19,11 @@ MAX_LEN = 2
 CELLS = 2
 
 
+def _mode(dec) -> str:
+    """What SCST samples with (SelfCritical.sample_mode): cells and words for hard attention, words for soft."""
+    return "sample" if dec.stochastic else "soft"
+
+
 def _decoder(kind: str) -> FastShowAttendTellDecoder:
     torch.manual_seed(0)
     dec = FastShowAttendTellDecoder(vocab_size=5, feature_dim=3, embed_dim=4, hidden_dim=4, attention_dim=4,
@@ -64,7 +69,7 @@ def _exact_gradient(dec, grid, hard: bool):
     for caption, cells in _trajectories(hard):
         draws = [x for pair in zip(cells, caption) for x in pair] if hard else list(caption)
         with _forced_draws(draws):
-            out = dec.sample(grid, 1, START, END, MAX_LEN)
+            out = dec.sample(grid, 1, START, END, MAX_LEN, attention_mode=_mode(dec))
         assert tuple(out.tokens[0, : int(out.lengths[0])].tolist()) == caption
         log_p = out.word_log_probs.sum() + (out.location_log_probs.sum() if hard else 0.0)
         total = total + log_p.exp() * rewards[caption]
@@ -75,14 +80,14 @@ def _exact_gradient(dec, grid, hard: bool):
 def _estimated_gradient(dec, grid, baseline: str, k: int):
     rewards = _reward_table()
     dec.zero_grad()
-    out = dec.sample(grid, k, START, END, MAX_LEN)
+    out = dec.sample(grid, k, START, END, MAX_LEN, attention_mode=_mode(dec))
     caps = [tuple(row[: int(n)].tolist()) for row, n in zip(out.tokens, out.lengths)]
     r = torch.tensor([rewards[c] for c in caps], dtype=torch.float64)
     greedy = None
     if baseline == "greedy":
         with torch.no_grad():
             g = dec.sample(grid, 1, START, END, MAX_LEN, greedy=True,
-                           attention_mode="argmax")
+                           attention_mode="argmax" if dec.stochastic else "soft")
         greedy = torch.tensor([rewards[tuple(g.tokens[0, : int(g.lengths[0])].tolist())]], dtype=torch.float64)
     b = scst_baseline(r.view(1, k), baseline, greedy).reshape(-1)
     res = scst_loss(out, r, b)
@@ -121,7 +126,7 @@ def test_scst_gradient_matches_enumeration(kind, baseline):
 def test_sample_masks_after_end_and_forbids_ids():
     dec = _decoder("soft")
     grid = torch.randn(2, CELLS, 3, dtype=torch.float64)
-    out = dec.sample(grid, 50, START, END, max_length=4, forbid_ids=(3,))
+    out = dec.sample(grid, 50, START, END, max_length=4, forbid_ids=(3,), attention_mode="soft")
     assert out.tokens.shape[0] == 100
     assert not (out.tokens == 3).any() and not (out.tokens == START).any()
     for row, n, lp in zip(out.tokens, out.lengths, out.word_log_probs):
@@ -161,7 +166,7 @@ def test_hard_scst_gives_the_location_policy_its_entropy_bonus():
     assert bonus.loss.item() == pytest.approx(plain.loss.item() - 0.5 * mean_h.item())
     assert bonus.parts["entropy"].item() == pytest.approx(mean_h.item())
     assert dec.sample(grid, 2, START, END, max_length=3).location_entropies is not None
-    assert _decoder("soft").sample(grid, 2, START, END, max_length=3).location_entropies is None
+    soft = _decoder("soft").sample(grid, 2, START, END, max_length=3, attention_mode="soft")
+    assert soft.location_entropies is None
     with pytest.raises(ValueError, match="entropy bonus"):
-        scst_loss(_decoder("soft").sample(grid, 2, START, END, max_length=3), rewards[:4], baselines[:4],
-                  entropy_weight=0.5)
+        scst_loss(soft, rewards[:4], baselines[:4], entropy_weight=0.5)

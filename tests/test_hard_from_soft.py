@@ -1,0 +1,311 @@
+"""Hard attention from soft (issue 35): train.init takes a soft run, a model folder or a shipped model's name for a
+hard run (only the attention kind and the dropout rates may differ, and the log says so); the K leave-one-out
+copies of a caption share their dropout masks (contract.shared_dropout, in both decoder paths); SCST's own
+location-policy settings (train.scst.attention_mode, entropy_weight) and its xe_weight; soft models read one cell
+per word when asked for "argmax"/"sample", and multi-head attention refuses to."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import captioner.train as train_mod
+from captioner import fast_paths
+from captioner.api import build_model, load_captioner
+from captioner.cli import main as cli_main
+from captioner.config import ConfigError, check_read_keys, config_from_dict, config_to_dict, load_config
+from captioner.data.vocab import Vocab
+from captioner.models.attention import resolve_mode
+from captioner.models.decoders import FastShowAttendTellDecoder, build_decoder
+from captioner.models.decoders.contract import shared_dropout
+from captioner.scst import SelfCritical
+from captioner.train import INIT_MAY_DIFFER, _init_weights, _load_init, _require_same_sections, train
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+HARD = "model.attention.attention=hard"
+SWITCH = "model.attention.attention: 'soft' -> 'hard' (the same weights, read the new way)"
+# the words of the smoke_checkpoint fixture (conftest.py)
+VOCAB = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
+
+
+def _changes(payload: dict, cfg) -> list[str]:
+    return _require_same_sections(payload["config"], cfg, "train.init", "", may_differ=INIT_MAY_DIFFER)
+
+
+def _assert_same_weights(model: nn.Module, state: dict) -> None:
+    mine = model.state_dict()
+    assert mine.keys() == state.keys()
+    for key, value in state.items():
+        assert torch.equal(mine[key], value.to(mine[key].dtype)), key
+
+
+# --------------------------------------------------------------------------- train.init: soft -> hard
+
+
+def test_a_soft_checkpoint_starts_a_hard_model_with_its_weights(smoke_checkpoint, caplog):
+    cfg = load_config(SMOKE, [HARD, f"train.init={smoke_checkpoint}"])
+    payload = _load_init(str(smoke_checkpoint))  # a run directory: its best.pt
+    model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
+    assert model.decoder.stochastic
+    with caplog.at_level(logging.INFO, logger="captioner.train"):
+        _init_weights(cfg, model, payload)
+    _assert_same_weights(model, payload["model"])
+    assert f"initialised from {smoke_checkpoint} (epoch 1); {SWITCH}" in caplog.text
+
+
+def test_the_dropout_rates_may_differ_and_are_listed(smoke_checkpoint):
+    payload = _load_init(str(smoke_checkpoint))
+    assert _changes(payload, load_config(SMOKE)) == []
+    cfg = load_config(SMOKE, [HARD, "model.decoder.dropout=0.3", "model.decoder.feature_dropout=0.2"])
+    assert _changes(payload, cfg) == ["model.attention.attention: 'soft' -> 'hard'",
+                                      "model.decoder.dropout: 0.1 -> 0.3", "model.decoder.feature_dropout: 0.0 -> 0.2"]
+
+
+@pytest.mark.parametrize("override,section", [
+    ("model.decoder.embed_dim=48", "model"),
+    ("model.encoder.position_embedding=true", "model"),
+    ("model.attention.scorer=dot", "model"),
+    ("data.shapes.n_train=30", "data"),
+])
+def test_any_other_difference_is_still_refused(smoke_checkpoint, override, section):
+    cfg = load_config(SMOKE, [HARD, override, f"train.init={smoke_checkpoint}"])
+    with pytest.raises(ConfigError, match=f"train.init=.*the config's '{section}' section differs from the "
+                                          f"checkpoint's.*only model.attention.attention"):
+        _init_weights(cfg, None, _load_init(str(smoke_checkpoint)))  # refused before a weight is read
+
+
+def test_a_model_folder_starts_a_hard_model(smoke_checkpoint, tmp_path, caplog):
+    folder = tmp_path / "soft-folder"
+    assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), "--format", "hub", str(folder)]) == 0
+    cfg = load_config(SMOKE, [HARD, f"train.init={folder}"])
+    payload = _load_init(str(folder))
+    model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
+    with caplog.at_level(logging.INFO, logger="captioner.train"):
+        _init_weights(cfg, model, payload)
+    _assert_same_weights(model, load_captioner(folder).state_dict())  # the float16 weights captioning reads
+    assert f"initialised from {folder} (epoch None); {SWITCH}" in caplog.text
+
+
+def test_the_shipped_soft_model_starts_the_hard_from_soft_config():
+    cfg = load_config("flickr8k_hard_from_soft")
+    assert cfg.train.init == "flickr8k_soft"
+    assert _changes(_load_init(cfg.train.init), cfg) == ["model.attention.attention: 'soft' -> 'hard'",
+                                                         "model.decoder.feature_dropout: 0.5 -> 0.3"]
+
+
+@pytest.fixture
+def fake_scores(monkeypatch):
+    monkeypatch.setattr(train_mod, "score_captions", lambda predictions, references, meteor=False:
+                        {"BLEU-4": 1.0, "CIDEr-D": 1.0})
+
+
+def test_a_hard_loo_run_trains_from_a_soft_run(tmp_path, fake_scores, caplog):
+    def cfg(run: str, *overrides: str):
+        return load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / run}",
+                                   "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=1", *overrides])
+
+    soft = train(cfg("soft"))
+    with caplog.at_level(logging.INFO, logger="captioner.train"):
+        hard = train(cfg("hard", HARD, "train.hard.estimator=loo", "train.hard.samples=2", f"train.init={soft}"))
+    assert SWITCH in caplog.text
+    assert (hard / "best.pt").is_file()
+
+
+# --------------------------------------------------------------------------- shared dropout
+
+
+def test_shared_dropout_without_rows_is_the_plain_layer():
+    layer, x = nn.Dropout(0.5).train(), torch.randn(6, 40)
+    torch.manual_seed(0)
+    shared = shared_dropout(layer, x, None)
+    torch.manual_seed(0)
+    assert torch.equal(shared, layer(x))  # the same RNG stream as before
+    assert torch.equal(shared_dropout(layer.eval(), x, torch.zeros(6, dtype=torch.long)), x)
+
+
+def test_rows_of_one_value_share_one_mask():
+    out = shared_dropout(nn.Dropout(0.5).train(), torch.ones(5, 64), torch.tensor([3, 0, 3, 0, 1]))
+    assert torch.equal(out[0], out[2]) and torch.equal(out[1], out[3])
+    assert not torch.equal(out[0], out[1]) and not torch.equal(out[0], out[4])
+    assert set(out.unique().tolist()) <= {0.0, 2.0}  # kept values scaled by 1 / (1 - p), as nn.Dropout does
+
+
+def _copies(attention: str, mode: str, rows: torch.Tensor | None) -> torch.Tensor:
+    """Teacher-forced logits of one caption over one grid, len(rows) times, in training mode (dropout on)."""
+    torch.manual_seed(0)
+    dec = FastShowAttendTellDecoder(19, 12, embed_dim=16, hidden_dim=20, attention_dim=16, attention=attention,
+                                    dropout=0.5, feature_dropout=0.5).train()
+    n = 6
+    grid = torch.randn(1, 6, 12).expand(n, -1, -1)
+    captions = torch.tensor([[1, 5, 6, 7, 8, 2]]).expand(n, -1)
+    return dec(grid, captions, torch.full((n,), 6), attention_mode=mode, dropout_rows=rows).logits
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])
+@pytest.mark.parametrize("attention,mode", [("soft", "soft"), ("hard", "argmax")])
+def test_copies_of_a_caption_share_their_dropout_masks(reference, attention, mode):
+    with fast_paths.reference(reference):
+        shared = _copies(attention, mode, torch.tensor([0, 0, 0, 1, 1, 1]))
+        plain = _copies(attention, mode, None)
+    assert _same(shared[0], shared[1]) and _same(shared[0], shared[2]) and _same(shared[3], shared[5])
+    assert not _same(shared[0], shared[3])  # another caption: other masks
+    assert not _same(plain[0], plain[1])  # without dropout_rows every row draws its own
+
+
+def test_the_train_forward_passes_the_copy_rows_as_dropout_rows():
+    model = build_model(load_config(SMOKE, [HARD, "model.decoder.dropout=0.5"]), VOCAB).train()
+    forward = train_mod._TrainForward(model, from_images=False)
+    grids = torch.randn(2, model.grid_hw[0] * model.grid_hw[1], model.encoder.backbone_dim)
+    rows = torch.tensor([0, 0, 1, 1])  # two copies of each of two captions, as the loo estimator makes them
+    captions = torch.tensor([[1, 4, 5, 6, 2]]).expand(4, -1)
+    logits = forward(grids, captions, torch.full((4,), 5), attention_mode="argmax", rows=rows).logits
+    assert _same(logits[0], logits[1]) and _same(logits[2], logits[3])
+
+
+def test_the_transformer_decoder_refuses_dropout_rows():
+    dec = build_decoder("transformer", vocab_size=19, feature_dim=12, embed_dim=16, hidden_dim=24, heads=2)
+    with pytest.raises(ValueError, match="dropout_rows"):
+        dec(torch.randn(2, 6, 12), torch.tensor([[1, 5, 2], [1, 6, 2]]), torch.tensor([3, 3]),
+            dropout_rows=torch.tensor([0, 0]))
+
+
+# --------------------------------------------------------------------------- SCST's explicit settings
+
+HARD_SCST = [HARD, "train.objective=scst"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (HARD_SCST, "train.scst.entropy_weight: hard-attention SCST samples its cells and needs the location "
+                "policy's entropy bonus set explicitly .*or train.scst.attention_mode: argmax"),
+    ([*HARD_SCST, "train.scst.entropy_weight=-0.5"], "train.scst.entropy_weight: must be >= 0, got -0.5"),
+    ([*HARD_SCST, "train.scst.attention_mode=argmax", "train.scst.entropy_weight=0.01"],
+     "train.scst.entropy_weight: set to 0.01, .*argmax reads are not sampled"),
+    ([*HARD_SCST, "train.scst.entropy_weight=0.01", "train.hard.entropy_weight=0.05"],
+     "train.hard.entropy_weight: set to 0.05, .*SCST reads train.scst"),
+    (["train.objective=scst", "train.scst.entropy_weight=0.01"],
+     "train.scst.entropy_weight: .*only hard attention has a location policy"),
+    (["train.objective=scst", "train.scst.attention_mode=argmax"],
+     "train.scst.attention_mode: .*only hard attention has a location policy"),
+    (["train.scst.attention_mode=expectation"], "train.scst.attention_mode: 'expectation' is not one of sample, "
+                                                "argmax"),
+    (["train.objective=scst", "train.scst.xe_weight=-1"], "train.scst.xe_weight: must be >= 0"),
+])
+def test_scst_location_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize("overrides", [[*HARD_SCST, "train.scst.entropy_weight=0"],
+                                       [*HARD_SCST, "train.scst.attention_mode=argmax"],
+                                       ["train.objective=scst", "train.scst.xe_weight=0.5"]])
+def test_scst_location_settings_load(overrides):
+    load_config(None, overrides)
+
+
+def test_a_hard_scst_config_saved_before_the_setting_still_loads_for_decoding():
+    saved = config_to_dict(load_config(None, [*HARD_SCST, "train.scst.entropy_weight=0.01"]))
+    del saved["train"]["scst"]["entropy_weight"]  # a checkpoint written before the key existed
+    cfg = config_from_dict(saved)  # what load_captioner and model folders read
+    assert cfg.train.scst.entropy_weight == -1.0
+    with pytest.raises(ConfigError, match="train.scst.entropy_weight: hard-attention SCST"):
+        check_read_keys(cfg)  # a run on it must still choose
+
+
+_TRAIN_SET = SimpleNamespace(encoded=[[VOCAB.encode(["a", "red", "circle"]), VOCAB.encode(["a", "circle"])],
+                                      [VOCAB.encode(["a", "blue", "square", "above"])]])
+
+
+def _self_critical(*overrides: str, cfg=None) -> tuple[SelfCritical, nn.Module]:
+    cfg = cfg or load_config(SMOKE, ["train.objective=scst", "train.scst.samples=2", *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg, VOCAB).train()
+    sc = SelfCritical(cfg, model, _TRAIN_SET, from_images=False)
+    sc.rewards = lambda tokens, lengths, images: torch.rand(tokens.shape[0])  # a nonzero advantage, no CIDEr-D
+    return sc, model
+
+
+def _batch(model: nn.Module) -> SimpleNamespace:
+    H, W = model.grid_hw
+    return SimpleNamespace(inputs=torch.randn(2, H * W, model.encoder.backbone_dim), indices=torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("overrides,mode,entropy_weight", [
+    ([HARD, "train.scst.entropy_weight=0.2"], "sample", 0.2),
+    ([HARD, "train.scst.entropy_weight=0", "train.hard.entropy_weight=0.01"], "sample", 0.0),
+    ([HARD, "train.scst.attention_mode=argmax"], "argmax", 0.0),
+    ([], "soft", 0.0),
+])
+def test_self_critical_reads_its_entropy_weight_from_train_scst(overrides, mode, entropy_weight):
+    sc, _ = _self_critical(*overrides)
+    assert (sc.sample_mode, sc.entropy_weight) == (mode, entropy_weight)
+
+
+def test_self_critical_refuses_an_unset_entropy_weight_built_without_load_config():
+    cfg = config_from_dict({"model": {"attention": {"attention": "hard"}}, "train": {"objective": "scst"}})
+    with pytest.raises(ConfigError, match="train.scst.entropy_weight"):
+        _self_critical(cfg=cfg)
+
+
+@pytest.mark.parametrize("mode,attention_learns", [("sample", True), ("argmax", False)])
+def test_scst_argmax_mode_has_no_location_terms(mode, attention_learns):
+    sc, model = _self_critical(HARD, f"train.scst.attention_mode={mode}",
+                               *(["train.scst.entropy_weight=0"] if mode == "sample" else []))
+    sc.loss(train_mod._TrainForward(model, from_images=False), model, _batch(model)).loss.backward()
+    attention = [p.grad for name, p in model.decoder.named_parameters() if name.startswith("attention.")]
+    assert any(g is not None and g.abs().sum() > 0 for g in attention) == attention_learns
+    assert model.decoder.out.weight.grad.abs().sum() > 0  # the words learn either way
+
+
+def test_xe_weight_adds_a_teacher_forced_cross_entropy():
+    sc, model = _self_critical("train.scst.xe_weight=0.5")
+    forward, batch = train_mod._TrainForward(model, from_images=False), _batch(model)
+    torch.manual_seed(1)
+    with_xe = sc.loss(forward, model, batch)
+    sc.xe_weight = 0.0
+    torch.manual_seed(1)
+    without = sc.loss(forward, model, batch)
+    assert "xe" not in without.parts and with_xe.parts["xe"] > 0
+    assert with_xe.loss.item() == pytest.approx(without.loss.item() + 0.5 * with_xe.parts["xe"].item(), rel=1e-5)
+
+
+# --------------------------------------------------------------------------- soft models, one cell on request
+
+
+@pytest.mark.parametrize("mode,stochastic,one_cell,read", [
+    ("argmax", False, True, "argmax"), ("sample", False, True, "sample"), ("expectation", False, True, "soft"),
+    ("soft", False, False, "soft"), ("argmax", True, False, "argmax"), ("expectation", True, True, "expectation"),
+])
+def test_resolve_mode(mode, stochastic, one_cell, read):
+    assert resolve_mode(mode, stochastic, one_cell) == read
+
+
+def test_a_soft_model_asked_for_argmax_reads_one_cell_per_word():
+    model = build_model(load_config(SMOKE), VOCAB).eval()
+    assert not model.decoder.stochastic and model.decoder.one_cell
+    assert (model.decode_mode(None), model.decode_mode("argmax")) == ("soft", "argmax")
+    H, W = model.grid_hw
+    grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
+    with torch.no_grad():
+        ((one_cell,),) = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode="argmax")
+        ((soft,),) = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode="expectation")
+    assert one_cell.locations == one_cell.alphas.argmax(1).tolist()  # the cell each word read, reported
+    assert soft.locations is None
+
+
+def test_multi_head_attention_refuses_one_cell_modes():
+    model = build_model(load_config(SMOKE, ["model.attention.attention=multi_head", "model.attention.heads=2"]),
+                        VOCAB)
+    assert model.decode_mode("expectation") == "soft"
+    for mode in ("argmax", "sample"):
+        with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
+            model.decode_mode(mode)
