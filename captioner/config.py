@@ -152,7 +152,8 @@ class ScstConfig:
     forbid_unk: bool = True  # never sample <unk> (captions are read by people)
     greedy_images: int = 500  # training images whose greedy caption's reward is logged every epoch
     # hard attention: sample (the cells are drawn with the words: one trajectory, one advantage) | argmax
-    # (words are sampled, each reads its arg-max cell as decoding does; the scorer then learns from xe_weight only)
+    # (words are sampled, each reads its arg-max cell as decoding does: the reward trains the words, not where
+    # to look; the scorer learns only from xe_weight's term, and only if eval.attention_mode reads softly)
     attention_mode: str = "sample"
     # hard attention, attention_mode sample: lambda_e, the location policy's entropy bonus. No default: it must
     # be set (0 for none), never inherited from cross-entropy's train.hard.entropy_weight
