@@ -147,8 +147,22 @@ def test_re_exporting_the_shipped_model_gives_its_weights_file_byte_for_byte(tmp
 
 
 def test_unknown_shipped_name_lists_the_shipped_ones():
-    with pytest.raises(ShippedModelError, match=f"no shipped model named 'nope' \\(shipped: {DEFAULT_MODEL}"):
+    shipped = ", ".join(SHIPPED)
+    with pytest.raises(ShippedModelError, match=f"no shipped model named 'nope' \\(shipped: {shipped}"):
         load_shipped("nope")
+
+
+def test_the_hard_attention_model_is_shipped_and_reads_one_cell_per_word():
+    """flickr8k_hard: the paper's stochastic hard attention, decoded as it was chosen (arg-max cell per word)."""
+    assert "flickr8k_hard" in SHIPPED
+    hard = load_captioner("flickr8k_hard")
+    assert hard.shipped_name == "flickr8k_hard" and hard.decoder.stochastic
+    out = hard.caption([sample_photo("astronaut")], beam=3)[0]
+    assert out["attention_mode"] == "argmax"  # its config's eval.attention_mode, with no flag
+    assert PEOPLE & set(out["words"]), out["caption"]
+    assert len(out["locations"]) == len(out["words"])
+    assert all(0 <= c < out["alphas"].shape[1] for c in out["locations"])
+    assert len(set(out["locations"])) >= 2  # it moves
 
 
 def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, monkeypatch, capsys):
