@@ -187,7 +187,7 @@ def test_bad_arguments_name_valid_choices():
     dec = make()
     grid, captions, lengths = batch()
     with pytest.raises(ValueError, match="expectation"):
-        dec(grid, captions, lengths, attention_mode="gumbel")
+        dec(grid, captions, lengths, attention_mode="nope")
 
 
 def test_lengths_outside_the_caption_are_rejected():
