@@ -309,3 +309,17 @@ def test_multi_head_attention_refuses_one_cell_modes():
     for mode in ("argmax", "sample"):
         with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
             model.decode_mode(mode)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_sample_without_a_mode_reads_as_the_decoder_was_trained(reference):
+    """decoder.sample() with no attention_mode: hard attention samples its cells (log p(s) kept), soft attention
+    reads softly (no cells, no log p(s)), on both paths."""
+    torch.manual_seed(0)
+    grid = torch.randn(2, 6, 12)
+    with fast_paths.reference(reference):
+        for attention, has_cells in (("hard", True), ("soft", False)):
+            dec = FastShowAttendTellDecoder(19, 12, embed_dim=16, hidden_dim=20, attention_dim=16,
+                                            attention=attention).eval()
+            out = dec.sample(grid, 2, start_id=1, end_id=2, max_length=4)
+            assert (out.location_log_probs is not None) == has_cells, attention

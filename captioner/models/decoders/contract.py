@@ -216,6 +216,10 @@ class CaptionDecoder(nn.Module, ABC):
     def _mode(self, attention_mode: str) -> str:
         return resolve_mode(attention_mode, self.stochastic, self.one_cell)
 
+    def _sample_mode(self, attention_mode: str | None) -> str:
+        """sample()'s mode: None reads as the decoder was trained ("sample" for hard attention, else "soft")."""
+        return self._mode(attention_mode or ("sample" if self.stochastic else "soft"))
+
     @abstractmethod
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
@@ -255,7 +259,7 @@ class CaptionDecoder(nn.Module, ABC):
         return log_probs, alpha, state
 
     def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
-               attention_mode: str = "sample", forbid_ids: tuple[int, ...] = (), greedy: bool = False,
+               attention_mode: str | None = None, forbid_ids: tuple[int, ...] = (), greedy: bool = False,
                generator: torch.Generator | None = None) -> SampleOutput:
         """Draw ``samples`` captions per image (rows i*samples .. i*samples+samples-1 belong to image i),
         keeping the graph: the gradient of Σ_t log p(w_t) (+ log p(s_t) for hard attention) is the
@@ -264,9 +268,10 @@ class CaptionDecoder(nn.Module, ABC):
         ``forbid_ids`` (e.g. <unk>; <pad> and <start> always) get probability 0: the policy being trained is
         the masked one. ``greedy`` takes each step's arg-max word instead (the Rennie et al. baseline).
         Dropout is active in training mode, with the same mask for the draw and the gradient (one forward),
-        so the estimate stays on-policy.
+        so the estimate stays on-policy. ``attention_mode`` None: hard attention samples its cells, soft
+        attention reads softly (each as it was trained).
         """
-        mode = self._mode(attention_mode)
+        mode = self._sample_mode(attention_mode)
         state = self.expand_state(self.init_state(grid), samples)
         draws = SampleDraws(grid.shape[0] * samples, start_id, end_id, self.pad_id, forbid_ids, greedy, generator,
                             grid.device)

@@ -302,14 +302,14 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         return hs, zs, reads
 
     def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
-               attention_mode: str = "sample", forbid_ids: tuple[int, ...] = (), greedy: bool = False,
+               attention_mode: str | None = None, forbid_ids: tuple[int, ...] = (), greedy: bool = False,
                generator: torch.Generator | None = None) -> SampleOutput:
         """contract.CaptionDecoder.sample, with one set of step weights for the whole sequence (deferred
         gradients) and, without autograd, projected values (expand_state)."""
         if not fast_paths.enabled():
             return super().sample(grid, samples, start_id, end_id, max_length, attention_mode, forbid_ids, greedy,
                                   generator)
-        mode = self._mode(attention_mode)
+        mode = self._sample_mode(attention_mode)
         state = self.expand_state(self.init_state(grid), samples)  # without autograd it may be a ProjectedState
         projected = isinstance(state, ProjectedState)
         h, c, *memory = state  # h, c: (N, H), N = B * samples
