@@ -153,8 +153,8 @@ def evaluate_model(
                   forbid_unk=forbid_unk, block_trigrams=block_trigrams)
     bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
                leave=False)
-    predictions, reads = _decode_reads(model, _grid_batches(model, records, batch_size, cache, bar, jpeg_quality),
-                                       search, grounding)
+    predictions, reads = decode_reads(model, _grid_batches(model, records, batch_size, cache, bar, jpeg_quality),
+                                      search, grounding)
     bar.close()
     mirror = {}
     if mirror_check:
@@ -185,10 +185,11 @@ def evaluate_model(
     }
 
 
-def _decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding | None = None
+def decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding | None = None
                   ) -> tuple[dict[str, str], dict[str, tuple]]:
     """Decode (records, grid) batches with the ``search`` settings (decode_batches' arguments): the caption per
-    image id, and per image id with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of)."""
+    image id, and per image id with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of).
+    What evaluate_model, the mirror check and training's per-epoch validation decode with."""
     predictions: dict[str, str] = {}
     reads: dict[str, tuple] = {}
     for record, best, words in decode_batches(model, batches, **search):
@@ -214,8 +215,8 @@ def mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: di
         raise ValueError("mirror_check: this model's decoding gives no attention maps to compare")
     mirrored = mirrored_records([r for r in records if r.image_id in reads])
     bar = tqdm(total=len(mirrored), desc="decode mirrored photos", unit="img", disable=not progress, leave=False)
-    _, mirrored_reads = _decode_reads(model, _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality),
-                                      search)
+    _, mirrored_reads = decode_reads(model, _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality),
+                                     search)
     bar.close()
     pairs = [(*reads[key.removesuffix(MIRROR_SUFFIX)], *value) for key, value in mirrored_reads.items()]
     return mirror_following(pairs, model.grid_hw)

@@ -474,7 +474,7 @@ def attention_movement(cells: Iterable[Sequence[int]]) -> dict[str, float | None
 FUNCTION_WORDS = frozenset(
     "a an the is are was be being of in on at to into onto with without and or while his her their its it "
     "he she they them this that there by for from near over under up down through some one two three four "
-    "several another other each as out off next behind front top side its <unk> left right".split())
+    "several another other each as out off next behind front top side <unk> left right".split())
 
 
 def _first_uses(words: Sequence[str]) -> dict[str, int]:

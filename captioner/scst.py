@@ -94,12 +94,13 @@ class SelfCritical:
     def cross_entropy(self, forward: nn.Module, batch: Any) -> torch.Tensor:
         """Teacher-forced cross-entropy of one reference per image, drawn at random (on the CPU RNG, restored
         on resume), read the way validation decodes (``eval.attention_mode``)."""
-        from captioner.data.datasets import collate_captions
+        from captioner.data.datasets import pad_batch
 
-        picks = [caps[int(torch.randint(len(caps), ()))] for caps in (self.encoded[int(i)] for i in batch.indices)]
-        refs = collate_captions([(torch.zeros(0), torch.as_tensor(c), 0) for c in picks], pad_id=self.pad_id)
+        indices = batch.indices.tolist()
+        picks = [caps[int(torch.randint(len(caps), ()))] for caps in (self.encoded[i] for i in indices)]
+        refs = pad_batch(batch.inputs, picks, indices, pad_id=self.pad_id)
         captions, lengths = refs.captions.to(batch.inputs.device), refs.lengths.to(batch.inputs.device)
-        out = forward(batch.inputs, captions, lengths, attention_mode=self.greedy_mode)
+        out = forward(refs.inputs, captions, lengths, attention_mode=self.greedy_mode)
         return sequence_cross_entropy(out, captions[:, 1:])
 
     @torch.no_grad()

@@ -53,7 +53,6 @@ from captioner.data.datasets import CaptionDataset, build_vocab, collate_caption
 from captioner.data.vocab import Vocab
 from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
-from captioner.decode import decode_batches
 from captioner.train_data import epoch_loader, load_split_records, make_datasets
 from captioner.losses import (LossOutput, gumbel_attention_loss, gumbel_temperature, hard_attention_loss,
                               loo_hard_attention_loss, sequence_cross_entropy, soft_attention_loss, update_baseline)
@@ -280,7 +279,8 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
 def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
     """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
-    from captioner.metrics import attention_movement, attention_sharpness, cells_of, resolve_tokenizer
+    from captioner.evaluate import decode_reads
+    from captioner.metrics import attention_movement, attention_sharpness, resolve_tokenizer
 
     was_training = model.training
     model.eval()
@@ -301,35 +301,31 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        predictions, word_alphas, word_cells, reads = {}, [], [], {}
-        for record, best, words in decode_batches(model, batches(), beam_size=1, attention_mode=mode, autocast=amp):
-            predictions[record.image_id] = " ".join(words)
-            if best.alphas is not None:
-                word_alphas.append(best.alphas[: len(words)].float().cpu())  # (n_words, L)
-                word_cells.append(cells_of(word_alphas[-1], best.locations))  # (n_words,)
-                reads[record.image_id] = (words, word_alphas[-1].numpy(), word_cells[-1])
+        search = {"beam_size": 1, "attention_mode": mode, "autocast": amp}
+        predictions, reads = decode_reads(model, batches(), search)  # reads: image id -> (words, alphas, cells)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
-        mirror = _mirror_check(model, cfg, decode_set.records, reads, mode, amp)
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, search)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
     result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
-    sharp = attention_sharpness(word_alphas)
+    sharp = attention_sharpness([alphas for _, alphas, _ in reads.values()])
     result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
-                   **attention_movement(word_cells), **mirror, "tokenizer": resolve_tokenizer("auto")})
+                   **attention_movement([cells for _, _, cells in reads.values()]), **mirror,
+                   "tokenizer": resolve_tokenizer("auto")})
     return result
 
 
-def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, mode: str, amp: Any) -> dict:
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, search: dict) -> dict:
     """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluate.mirror_figures: the
-    mirrored photos are encoded from their images), else nothing."""
+    mirrored photos are encoded from their images, under the search's autocast), else nothing."""
     if not cfg.eval.mirror_check or not reads:
         return {}
     from captioner.evaluate import mirror_figures
 
-    with amp():
-        return mirror_figures(model, records, reads, {"beam_size": 1, "attention_mode": mode}, cfg.eval.batch_size)
+    with search["autocast"]():
+        return mirror_figures(model, records, reads, search, cfg.eval.batch_size)
 
 
 # --------------------------------------------------------------------------- metrics log

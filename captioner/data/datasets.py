@@ -461,7 +461,7 @@ class GridCaptionDataset(CaptionDataset):
             inputs = self.grids[torch.tensor(rows, dtype=torch.long)]  # (B, L, D) fp16
         else:
             inputs = torch.from_numpy(np.asarray(self.cache.get_batch([self.records[i].image_id for i in rows])))
-        return _pad_batch(inputs.float(), [self.encoded[i][j] for i, j in pairs], rows)
+        return pad_batch(inputs.float(), [self.encoded[i][j] for i, j in pairs], rows)
 
 
 class ImageCaptionDataset(CaptionDataset):
@@ -492,7 +492,8 @@ class _ImageLoader:
         return image.flip(-1) if record.mirrored else image
 
 
-def _pad_batch(inputs: torch.Tensor, captions: list[list[int]], indices: list[int], pad_id: int = 0) -> CaptionBatch:
+def pad_batch(inputs: torch.Tensor, captions: list[list[int]], indices: list[int], pad_id: int = 0) -> CaptionBatch:
+    """A CaptionBatch of ``inputs`` and the encoded ``captions`` padded with ``pad_id`` to the longest."""
     lengths = torch.tensor([len(c) for c in captions], dtype=torch.long)  # (B,)
     padded = torch.full((len(captions), int(lengths.max())), pad_id, dtype=torch.long)  # (B, T)
     for row, c in enumerate(captions):
@@ -508,4 +509,4 @@ def collate_captions(items: "list[tuple[torch.Tensor, torch.Tensor, int]] | Capt
     if isinstance(items, CaptionBatch):
         return items
     inputs = torch.stack([x for x, _, _ in items]).float()  # (B, L, D) or (B, 3, S, S); fp16 cache -> fp32
-    return _pad_batch(inputs, [c for _, c, _ in items], [i for _, _, i in items], pad_id=pad_id)
+    return pad_batch(inputs, [c for _, c, _ in items], [i for _, _, i in items], pad_id=pad_id)

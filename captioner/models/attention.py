@@ -56,8 +56,10 @@ def resolve_mode(mode: str, stochastic: bool, one_cell: bool = False) -> str:
     both kinds): the baseline a hard model warm-started from it starts from. A module that cannot (the
     multi-head one, whose heads would each pick a cell) refuses the mode rather than ignore it."""
     check_mode(mode)
-    if stochastic or not reads_one_cell(mode):
-        return mode if stochastic else "soft"
+    if stochastic:
+        return mode
+    if not reads_one_cell(mode):
+        return "soft"
     if not one_cell:
         raise ValueError(f"attention mode {mode!r} reads one grid cell per word, which this model's attention "
                          f"cannot do; use 'expectation' (its soft read)")

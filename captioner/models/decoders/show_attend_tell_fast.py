@@ -237,10 +237,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         order = torch.argsort(steps, descending=True, stable=True)  # (B,)
         steps_s = steps.index_select(0, order)
         active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
-        if dropout_rows is None:
-            grid_s = self.feature_dropout(grid.index_select(0, order))  # (B, L, D); identity in eval mode
-        else:
-            grid_s = shared_dropout(self.feature_dropout, grid, dropout_rows).index_select(0, order)
+        rows_s = None if dropout_rows is None else dropout_rows.index_select(0, order)
+        grid_s = shared_dropout(self.feature_dropout, grid.index_select(0, order), rows_s)  # identity in eval mode
         weights = self._step_weights()
         if torch.is_grad_enabled():  # (without autograd the weights are the cached ones that decoding shares)
             longest_run = max(len(list(run)) for _, run in itertools.groupby(active))  # steps at one batch size
