@@ -194,6 +194,8 @@ class TrainConfig:
     wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/wblog.py
     num_threads: int = 0  # 0 = torch default
     fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
+    # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`
+    keep_epochs: bool = False
 
 
 @dataclass

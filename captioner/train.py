@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
 METRICS_FILE = "metrics.jsonl"
 LAST_CHECKPOINT = "last.pt"  # the run's latest state: what --resume continues from
+EPOCHS_DIR = "epochs"  # train.keep_epochs: one weights-only checkpoint per epoch
+RESUME_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # what a snapshot leaves out of last.pt
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -702,6 +704,9 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     save_checkpoint(run.run_dir / LAST_CHECKPOINT, ckpt)
     if improved:
         save_checkpoint(run.run_dir / "best.pt", ckpt)
+    if run.cfg.train.keep_epochs:  # weights only: what decoding, ensembles and averaging read
+        snapshot = {k: v for k, v in ckpt.items() if k not in RESUME_ONLY}
+        save_checkpoint(run.run_dir / EPOCHS_DIR / f"epoch-{entry['epoch']:03d}.pt", snapshot)
     _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
     print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
 
