@@ -139,9 +139,10 @@ def decode_max_length(cfg: Config) -> int:
 
 
 def reads_cached_grids(cfg: Config) -> bool:
-    """Whether training and evaluation read backbone grids from the feature cache (a frozen encoder
-    and ``data.use_cache``) rather than running the encoder on images: decided here only."""
-    return cfg.model.encoder.finetune_blocks == 0 and cfg.data.use_cache
+    """Whether training and evaluation read the feature cache (``data.use_cache``) rather than running the
+    encoder on images: decided here only. A frozen encoder's cache holds its grids; a fine-tuned one's holds
+    the activations below its trainable blocks (captioner/models/encoder.py), which the model finishes."""
+    return cfg.data.use_cache
 
 
 def build_encoder_from_config(enc: EncoderConfig) -> Encoder:
@@ -155,6 +156,7 @@ def build_encoder_from_config(enc: EncoderConfig) -> Encoder:
         grid_size=enc.grid_size or None,
         proj_dim=enc.proj_dim or None,
         finetune_blocks=enc.finetune_blocks,
+        update_bn_stats=enc.update_bn_stats,
     )
 
 

@@ -61,7 +61,7 @@ class DataConfig:
     max_length: int = 20  # words per caption, longer ones are truncated (and counted)
     min_count: int = 1  # vocabulary threshold, counted on the training split only
     features_dir: str = ""  # feature cache; "" = <root>/features/<encoder fingerprint>
-    use_cache: bool = True  # read cached grids when the encoder is frozen
+    use_cache: bool = True  # read the feature cache: a frozen encoder's grids, a fine-tuned one's bottom activations
     num_workers: int = 2
     max_failure_share: float = 0.05  # extraction stops when more images than this share are unreadable
     mirror: bool = False  # also train on every training photo mirrored left-right ("left"/"right" swapped)
@@ -79,7 +79,8 @@ class EncoderConfig:
     stage: int = -1  # -1: the last stage; otherwise the stage index (e.g. stride 16)
     grid_size: int = 0  # 0: the native grid; otherwise adaptive pooling to grid_size x grid_size
     proj_dim: int = 0  # 0: no 1x1 projection
-    finetune_blocks: int = 0  # 0: frozen (eval-mode batch norm, no grad)
+    finetune_blocks: int = 0  # 0: frozen (eval-mode batch norm, no grad); N: the last N blocks train
+    update_bn_stats: bool = False  # finetune_blocks > 0: the trained blocks' batch norms update their statistics
     self_attention_layers: int = 0  # self-attention refinement of the grid (0 = none)
     position_embedding: bool = False  # add a learned embedding of each grid location (not in the paper)
 
@@ -357,6 +358,8 @@ def unread_keys(cfg: Config) -> dict[str, str]:
     hard = cfg.model.attention.attention == "hard"
     hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
     unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_decoder_keys(cfg.model.decoder.kind)}
+    if not cfg.model.encoder.finetune_blocks:
+        unread["model.encoder.update_bn_stats"] = "a frozen encoder's batch norms never update (finetune_blocks is 0)"
     if cfg.train.objective == "scst":
         for key in ("train.alpha_c", "train.alpha_entropy"):
             unread[key] = "the SCST objective has no attention terms besides train.scst.entropy_weight"

@@ -230,7 +230,7 @@ def cached_grids(model, records: Sequence) -> Any:
     cfg = model.config
     if not reads_cached_grids(cfg):
         return None
-    fingerprint = model.encoder.fingerprint()
+    fingerprint = model.encoder.cache_fingerprint()
     return open_complete_cache(cache_dir_for(cfg.data, fingerprint), records, fingerprint)
 
 

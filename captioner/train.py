@@ -8,10 +8,11 @@ epoch, losses.gumbel_temperature).
 
 - ``train()`` reads top to bottom: ``_set_up`` (data, model, optimizer; with ``--resume`` their saved
   state), then per epoch ``_train_epoch`` and ``_end_epoch`` (validate, select, checkpoint).
-- Frozen encoder + ``data.use_cache``: backbone grids are extracted once into the feature cache
-  and training reads them (no CNN in the loop: what makes CPU training fast). Fine-tuning
-  (``finetune_blocks > 0``) reads images on the fly with a separate ``encoder_lr`` group. The
-  datasets and loaders are captioner/train_data.py's.
+- ``data.use_cache``: a frozen encoder's grids are extracted once into the feature cache and training reads
+  them (no CNN in the loop: what makes CPU training fast). Fine-tuning the last blocks (``finetune_blocks > 0``,
+  their own ``encoder_lr`` group) caches the activations below them and runs only the top blocks per step;
+  ``data.use_cache: false`` reads images on the fly instead. The datasets and loaders are
+  captioner/train_data.py's.
 - Validation decodes greedily and scores BLEU-4 / CIDEr-D on the raw references; ``best.pt``
   follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
   validation loss is logged, never used to choose.
@@ -146,9 +147,11 @@ def _bare(forward: nn.Module) -> nn.Module:
 
 
 # model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way
-# (HardAttention adds no parameter to SoftAttention, dropout none), so a soft model can start a hard one
+# (HardAttention adds no parameter to SoftAttention, dropout none, fine-tuning none), so a soft model can start
+# a hard one, and a frozen-encoder model one whose top blocks fine-tune
 INIT_MAY_DIFFER = (("model", "attention", "attention"), ("model", "decoder", "dropout"),
-                   ("model", "decoder", "feature_dropout"))
+                   ("model", "decoder", "feature_dropout"), ("model", "encoder", "finetune_blocks"),
+                   ("model", "encoder", "update_bn_stats"))
 
 
 def _without(section: dict, path: tuple[str, ...]) -> dict:
@@ -215,7 +218,8 @@ def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
 
     changed = _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
-                                     "model.attention.attention and the decoder's dropout rates may differ)", may_differ=INIT_MAY_DIFFER)
+                                     "model.attention.attention, the decoder's dropout rates and the encoder's "
+                                     "finetune_blocks / update_bn_stats may differ)", may_differ=INIT_MAY_DIFFER)
     if "folder" in payload:  # a model folder: float16 weights without the installed backbone
         load_folder_weights(model, payload["model"], payload["folder"], cfg.train.init)
     else:

@@ -39,7 +39,7 @@ def open_feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord]
     """Open the feature cache of this encoder, extracting it first when incomplete (rank 0 only)."""
     from captioner.data.features import FeatureCache, cache_dir_for, extract_features, open_complete_cache
 
-    fingerprint = model.encoder.fingerprint()
+    fingerprint = model.encoder.cache_fingerprint()
     directory = cache_dir_for(cfg.data, fingerprint)
     if rank == 0 and open_complete_cache(directory, records, fingerprint) is None:
         log.info("extracting encoder grids for %d images into %s", len(records), directory)

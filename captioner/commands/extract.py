@@ -71,14 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         enc = cfg.model.encoder
-        if enc.finetune_blocks:
-            raise FeatureCacheError(f"model.encoder.finetune_blocks={enc.finetune_blocks}: a fine-tuned encoder's "
-                                    "grids change as it trains and cannot be cached; nothing to extract")
-        encoder = build_encoder_from_config(enc)  # only backbone output is cached: the projection trains after it
+        encoder = build_encoder_from_config(enc)  # the frozen part is cached: the projection trains after it
         splits, records = _split_records(cfg.data, args.splits)
-        out_dir = cache_dir_for(cfg.data, encoder.fingerprint())
+        out_dir = cache_dir_for(cfg.data, encoder.cache_fingerprint())
         print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
-              f"(grid {encoder.grid_hw[0]}x{encoder.grid_hw[1]}x{encoder.backbone_dim}) into {out_dir}")
+              f"({'grid' if encoder.frozen else 'activations below the trained blocks'} "
+              f"{'x'.join(map(str, encoder.cache_shape))}) into {out_dir}")
         cache = extract_features(encoder, records, out_dir,
                                  batch_size=args.batch_size or cfg.eval.batch_size,
                                  num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,

@@ -1,6 +1,8 @@
 """The feature cache: precomputed backbone grids a = {a_1..a_L} (Xu et al. 2015, Sec. 3.1.1) on disk.
 
-A frozen encoder gives every image the same grid in every epoch, so it is computed once. One cache directory
+A frozen encoder gives every image the same grid in every epoch, so it is computed once. An encoder whose last
+blocks fine-tune (``model.encoder.finetune_blocks``) caches the activations below them instead (the same format,
+(N, l, C) rows; ``Encoder.cache_features``), and its fingerprint names the split point. One cache directory
 holds every split of a data set for one encoder fingerprint:
 - ``grids.f16``: a raw float16 memmap of shape (N, L, D), one row per image (backbone output: the trainable
   projection is applied after the cache, so it never enters it);
@@ -235,7 +237,8 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
     once they exceed ``max_failure_share`` of the records, extraction stops with FeatureCacheError.
 
     Args:
-        encoder: a frozen captioner.models.encoder.Encoder (moved to ``device``, channels_last, eval mode).
+        encoder: a captioner.models.encoder.Encoder (moved to ``device``, channels_last, eval mode): a frozen
+            one's grids are cached, a fine-tuned one's activations below its trainable blocks (``cache_features``).
         records: ImageRecord-like objects; a repeated image_id must name the same path. A record whose
             ``mirrored`` attribute is True is encoded flipped left-right (its id names the copy, e.g.
             ``<id>#mirror``, so its row sits beside the original's in the same cache).
@@ -249,13 +252,11 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
             bf16 units, e.g. AMX; grids then differ from float32 by about 1e-2 relative).
         on_batch: called as on_batch(batch_index, rows_done_so_far) after each batch is committed to disk.
     """
-    if not encoder.frozen:
-        raise FeatureCacheError("the encoder fine-tunes (finetune_blocks > 0): its grids change during training, "
-                                "so they cannot be cached; set model.encoder.finetune_blocks=0 or data.use_cache=false")
     paths, mirrored = _paths_by_id(records)
     directory = Path(out_dir)
-    fingerprint = encoder.fingerprint()
-    grid_hw, dim = tuple(encoder.grid_hw), int(encoder.backbone_dim)
+    fingerprint = encoder.cache_fingerprint()
+    h, w, dim = encoder.cache_shape  # a frozen encoder's grid, or a fine-tuned one's activations below its top
+    grid_hw = (h, w)
     rows = _prepare_cache(directory, list(paths), fingerprint, grid_hw, dim)
     cache = FeatureCache.open(directory)
     done = cache.done.copy()
@@ -288,7 +289,7 @@ def extract_features(encoder: Any, records: Iterable[Any], out_dir: str | Path, 
                 x = images if ok.all() else images[torch.from_numpy(ok)]
                 x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)  # (B, 3, S, S)
                 with torch.inference_mode(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
-                    grid = encoder.backbone_features(x)  # (B, L, D)
+                    grid = encoder.cache_features(x)  # (B, l, C)
                 good = batch_rows[ok]
                 grids[good] = grid.to(torch.float16).cpu().numpy()
                 grids.flush()  # rows on disk before the progress file says so

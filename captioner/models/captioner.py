@@ -107,9 +107,10 @@ class Captioner(nn.Module):
         return self.prepare_grid(self.encoder.backbone_features(images))
 
     def grid_from(self, inputs: torch.Tensor, images: bool) -> torch.Tensor:
-        """A batch's inputs -> prepared grid (B, L, D): images (B, 3, S, S) through the whole encoder,
-        cached backbone grids (B, L, D_backbone) through ``prepare_grid`` only."""
-        return self.encode(inputs) if images else self.prepare_grid(inputs)
+        """A batch's inputs -> prepared grid (B, L, D): images (B, 3, S, S) through the whole encoder, cached
+        rows (B, l, C) through the encoder's trainable top (``encoder.finish``; none when frozen) and
+        ``prepare_grid``."""
+        return self.encode(inputs) if images else self.prepare_grid(self.encoder.finish(inputs))
 
     def forward(
         self,

@@ -19,6 +19,11 @@ Families (stage index: output stride / D; ``stage=None`` or -1 means the last on
   4: 16/512 (conv5, last max pool dropped: 14 x 14 x 512 at 224).
 - ``timm:<name>``: any timm model, read from its ``features_only`` stages (indices as in ``feature_info``).
 
+Fine-tuning the top at the price of the top: with ``finetune_blocks = N`` the backbone splits into its frozen
+bottom and its last N blocks. ``cache_features`` runs the bottom only (what the feature cache stores: the
+activations at the input of the first trainable block), ``finish`` runs the top on them, so training never runs
+the frozen CNN. The cache's fingerprint names the bottom's weights and the split point (``fingerprint``).
+
 The family builders are in captioner/models/backbones.py, the preprocessing in transform.py, the weight files
 in weights.py. Weights never come from the network unless ``allow_download=True``: a missing file raises
 ``EncoderWeightsError`` naming the file, the directory to place it in and its URL (captioner/models/weights.py).
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +88,33 @@ def _finetune_units(module: nn.Module) -> list[nn.Module]:
     return units
 
 
+def _forward_chain(module: nn.Module) -> list[nn.Module] | None:
+    """The backbone as the modules it runs one after another (a staged backbone's stages and plain Sequentials
+    are opened; a Block or any other module is one link), or None when it is not such a chain (a timm
+    ``features_only`` model returns several maps): it then cannot be split for the feature cache."""
+    if isinstance(module, StagedBackbone):
+        children: list[nn.Module] = list(module.stages)
+    elif isinstance(module, nn.Sequential) and not isinstance(module, Block):
+        children = list(module.children())
+    else:
+        return None
+    links: list[nn.Module] = []
+    for child in children:
+        opened = _forward_chain(child) if isinstance(child, (StagedBackbone, nn.Sequential)) else None
+        links.extend(opened if opened is not None else [child])
+    return links
+
+
+def _tensors_sha256(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """Hash of named tensors (names, dtypes, shapes, bytes): weights identified by content, whatever file they came from."""
+    h = hashlib.sha256()
+    for key, tensor in named:
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 class Encoder(nn.Module):
     """Backbone feature map -> annotation grid (B, L, D), L = H * W, with its preprocessing and fingerprint.
 
@@ -96,6 +128,8 @@ class Encoder(nn.Module):
         grid_size: adaptive average pooling to grid_size x grid_size (None: native grid).
         proj_dim: optional trainable 1x1 projection backbone_dim -> proj_dim, applied after the cache.
         finetune_blocks: 0 freezes the backbone; N > 0 trains its last N blocks.
+        update_bn_stats: with finetune_blocks > 0, let the trained blocks' batch norms update their running
+            statistics (train mode); False (default) keeps ImageNet's statistics and trains only their affine weights.
         weights_source: human-readable origin of the weights (logs, README).
         stride: the stage's output stride, when known: grid_hw is then computed, not found by a dry run.
         ceil_mode: how the stride rounds: ceil(S / stride) (padded convolutions) or floor (VGG's 2x2 pools).
@@ -104,7 +138,7 @@ class Encoder(nn.Module):
     def __init__(self, backbone: nn.Module, transform: ImageTransform, name: str, backbone_dim: int,
                  input_size: int, stage: int, grid_size: int | None = None, proj_dim: int | None = None,
                  finetune_blocks: int = 0, weights_source: str = "random", stride: int | None = None,
-                 ceil_mode: bool = True):
+                 ceil_mode: bool = True, update_bn_stats: bool = False):
         super().__init__()
         self.backbone = backbone
         self.transform = transform
@@ -127,14 +161,37 @@ class Encoder(nn.Module):
         if finetune_blocks < 0 or finetune_blocks > len(units):
             raise ValueError(f"finetune_blocks={finetune_blocks}: {name} (up to stage {stage}) has "
                              f"{len(units)} blocks; use 0 (frozen) to {len(units)}")
+        if update_bn_stats and not finetune_blocks:
+            raise ValueError("update_bn_stats=True needs finetune_blocks > 0: a frozen backbone's batch norms "
+                             "never update")
         self.finetune_blocks = finetune_blocks
+        self.update_bn_stats = update_bn_stats
         self._trainable_units = units[len(units) - finetune_blocks:] if finetune_blocks else []
+        # plain lists, not submodules: the links are the backbone's own modules (no second state_dict entry)
+        self._bottom, self._top = self._split(backbone)
+        self._cache_shape: tuple[int, int, int] | None = None  # (h, w, C) of the cached activations
         for p in backbone.parameters():
             p.requires_grad_(False)
         for unit in self._trainable_units:
             for p in unit.parameters():
                 p.requires_grad_(True)
         self.train(False)
+
+    def _split(self, backbone: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+        """(bottom, top) links of the backbone chain, top starting at the first trainable block; both empty when
+        the backbone is frozen or is not a chain (then only images can feed a fine-tuned encoder)."""
+        chain = _forward_chain(backbone) if self._trainable_units else None
+        if chain is None:
+            return [], []
+        first = next((i for i, link in enumerate(chain) if link is self._trainable_units[0]), None)
+        if first is None:  # a trainable unit inside a link: the chain cannot be cut there
+            return [], []
+        return chain[:first], chain[first:]
+
+    @property
+    def splits(self) -> bool:
+        """Whether a fine-tuned encoder's bottom can be cached: ``cache_features`` / ``finish`` split it."""
+        return bool(self._top)
 
     @property
     def frozen(self) -> bool:
@@ -158,6 +215,10 @@ class Encoder(nn.Module):
         self.backbone.eval()
         for unit in self._trainable_units:
             unit.train(mode)
+            if not self.update_bn_stats:  # ImageNet's statistics stay: only the affine weights train
+                for m in unit.modules():
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                        m.eval()
         return self
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -187,6 +248,53 @@ class Encoder(nn.Module):
         """Images (B, 3, S, S) -> backbone grid (B, L, D0): the cacheable part (no projection)."""
         return self._to_grid(self._feature_map(images))
 
+    def cache_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, S, S) -> what the feature cache stores, (B, l, C): the backbone grid (B, L, D0) when
+        frozen; for a fine-tuned encoder, the activations at the input of its first trainable block."""
+        if self.frozen:
+            return self.backbone_features(images)
+        self._require_split()
+        x = images
+        for link in self._bottom:
+            x = link(x)
+        return self._to_grid(x)  # (B, h*w, C)
+
+    def finish(self, cached: torch.Tensor) -> torch.Tensor:
+        """Cached rows (B, l, C) (``cache_features``) -> backbone grid (B, L, D0): the trainable top blocks run
+        here, with gradients; identity for a frozen encoder."""
+        if self.frozen:
+            return cached
+        self._require_split()
+        h, w, C = self.cache_shape
+        B = cached.size(0)
+        x = cached.reshape(B, h, w, C).permute(0, 3, 1, 2)  # (B, C, h, w), a channels_last view
+        for link in self._top:
+            x = link(x)
+        if self.grid_size:
+            x = F.adaptive_avg_pool2d(x, self.grid_size)  # (B, D0, H, W)
+        return self._to_grid(x)  # (B, L, D0)
+
+    def _require_split(self) -> None:
+        if not self.splits:
+            raise ValueError(f"{self.name}: this backbone cannot be split below its last {self.finetune_blocks} "
+                             "block(s) (not a plain chain of blocks), so its activations cannot be cached; set "
+                             "data.use_cache=false to fine-tune it on images")
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(h, w, C) of one cached row's activations (found once by a dry run for a fine-tuned encoder)."""
+        if self._cache_shape is None:
+            if self.frozen:
+                self._cache_shape = (*self.grid_hw, self.backbone_dim)
+            else:
+                param = next(self.backbone.parameters())
+                x = torch.zeros(1, 3, self.input_size, self.input_size, device=param.device, dtype=param.dtype)
+                with torch.inference_mode():
+                    for link in self._bottom:
+                        x = link(x)
+                self._cache_shape = (int(x.shape[-2]), int(x.shape[-1]), int(x.shape[1]))
+        return self._cache_shape
+
     def project(self, grid: torch.Tensor) -> torch.Tensor:
         """Backbone grid (B, L, D0) -> (B, L, D): the trainable 1x1 projection, identity without one."""
         return self.proj(grid) if self.proj is not None else grid
@@ -199,28 +307,34 @@ class Encoder(nn.Module):
 
     def weights_sha256(self) -> str:
         """Hash of the backbone's tensors: identifies the weights whatever file or checkpoint they came from."""
-        h = hashlib.sha256()
-        for key, tensor in self.backbone.state_dict().items():
-            t = tensor.detach().cpu().contiguous()
-            h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        return h.hexdigest()[:16]
+        return _tensors_sha256(self.backbone.state_dict().items())
 
     def fingerprint(self) -> dict:
-        """What determines the backbone grids (JSON-able); a feature cache is valid only for an equal fingerprint.
+        """What determines the backbone grids (JSON-able): the encoder a model was trained with, whole.
 
-        The projection and fine-tuning are not part of it: only frozen backbone output is cached. Weights are
-        identified by content, so an encoder rebuilt from a checkpoint matches the one that filled the cache.
+        The projection is not part of it. Weights are identified by content, so an encoder rebuilt from a
+        checkpoint matches the one that trained.
         """
         return {"name": self.name, "weights_sha256": self.weights_sha256(), "stage": self.stage,
                 "grid_size": self.grid_size or 0, "input_size": self.input_size, "grid_hw": list(self.grid_hw),
                 "dim": self.backbone_dim, "transform": self.transform.describe()}
 
+    def cache_fingerprint(self) -> dict:
+        """What determines the feature cache's rows; a cache is valid only for an equal fingerprint. A frozen
+        encoder's is its ``fingerprint``. A fine-tuned encoder caches its frozen bottom's activations: its
+        fingerprint names the bottom's weights and the split point, not the top's (they change as it trains)."""
+        if self.frozen or not self.splits:
+            return self.fingerprint()
+        h, w, C = self.cache_shape
+        bottom = ((f"{i}.{key}", t) for i, link in enumerate(self._bottom) for key, t in link.state_dict().items())
+        return {**self.fingerprint(), "weights_sha256": _tensors_sha256(bottom),
+                "split": {"finetune_blocks": self.finetune_blocks, "cached_hw": [h, w], "cached_dim": C}}
+
 
 def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, weights_path: str | Path | None = None,
                   input_size: int = 224, stage: int | None = None, grid_size: int | None = None,
                   proj_dim: int | None = None, finetune_blocks: int = 0, self_attention_layers: int = 0,
-                  allow_download: bool = False) -> Encoder:
+                  allow_download: bool = False, update_bn_stats: bool = False) -> Encoder:
     """Build an encoder; see the module docstring for names, stage indices and where weights come from.
 
     Args:
@@ -235,6 +349,7 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
         self_attention_layers: accepted for config symmetry and ignored: the captioner applies grid
             self-attention after the feature cache (captioner/models/captioner.py).
         allow_download: permit network downloads of missing weights (off: a missing file is an error).
+        update_bn_stats: the fine-tuned blocks' batch norms update their running statistics (see Encoder).
     """
     del self_attention_layers
     weights_path = str(weights_path) if weights_path else None
@@ -258,4 +373,4 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
         raise ValueError(f"unknown encoder {name!r}; valid: {valid}")
     return Encoder(backbone, transform, name=name, backbone_dim=dim, input_size=input_size, stage=resolved,
                    grid_size=grid_size, proj_dim=proj_dim, finetune_blocks=finetune_blocks, weights_source=source,
-                   stride=stride, ceil_mode=not name.startswith("vgg"))
+                   stride=stride, ceil_mode=not name.startswith("vgg"), update_bn_stats=update_bn_stats)
