@@ -16,7 +16,7 @@ from captioner.api import ImageCaptionerEnsemble, build_model, load_captioner
 from captioner.checkpoint import CheckpointError, save_checkpoint
 from captioner.config import config_to_dict, load_config
 from captioner.data.vocab import Vocab
-from captioner.models.ensemble import ATTENTION_SHOWN, CaptionerEnsemble
+from captioner.models.ensemble import ATTENTION_SHOWN, ATTENTION_SHOWN_WORDS, CaptionerEnsemble
 from captioner.names import ENSEMBLE_ATTENTIONS
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -72,7 +72,7 @@ def pair():
 
 
 def test_every_attention_choice_is_named_in_the_table():
-    assert tuple(ATTENTION_SHOWN) == ENSEMBLE_ATTENTIONS
+    assert tuple(ATTENTION_SHOWN) == tuple(ATTENTION_SHOWN_WORDS) == ENSEMBLE_ATTENTIONS
 
 
 @pytest.mark.parametrize("beam", [1, 3])
