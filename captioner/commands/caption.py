@@ -78,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`captioner caption IMAGE... [--model DIR | owner/name | CKPT]`: one caption per image; exit 1 if any failed."""
+    """`captioner caption IMAGE... [--model DIR | owner/name | CKPT] [--model ...]`: one caption per image (several
+    --model: an ensemble's); exit 1 if any failed."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_models:

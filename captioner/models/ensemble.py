@@ -59,7 +59,7 @@ def member_mismatch(first: Captioner, other: Captioner) -> str | None:
     a, b = first.encoder.fingerprint(), other.encoder.fingerprint()
     differ = [key for key in a if a[key] != b.get(key)]
     if differ:
-        shown = "; ".join(f"{key}: {b.get(key)!r} vs {a[key]!r}" for key in differ)
+        shown = "; ".join(f"{key} {b.get(key)!r}, the first member's {a[key]!r}" for key in differ)
         return (f"its encoder differs from the first member's ({shown}); an ensemble encodes each image once, "
                 f"so its members need the same backbone")
     if other.decoder.vocab_size != first.decoder.vocab_size:
