@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from captioner import zoo
-from captioner.checkpoint import CheckpointError, check_state_dict, load_checkpoint
+from captioner.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
 from captioner.config import Config, EncoderConfig, config_from_dict
 from captioner.data.vocab import Vocab
 from captioner.hub import (hub_model_folder, is_model_folder, load_folder_weights, looks_like_repo_id,
@@ -34,37 +34,13 @@ from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
 from captioner.models.decoders import CaptionDecoder, build_decoder, decoder_arguments
 from captioner.models.encoder import Encoder, build_encoder
+from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
 
 
-class ImageCaptioner(Captioner):
-    """A ``Captioner`` with the vocabulary its ids refer to and the config it was built from.
-
-    What ``build_model`` and ``load_captioner`` return: an ``nn.Module`` (training updates it, its
-    state dict is the Captioner's) whose ``caption`` speaks words. ``shipped_name`` is set when it is
-    one of the models shipped with the package (captioner/zoo.py); ``pretrained_backbone`` says whether
-    its backbone holds the installed pretrained weights (a model folder then leaves them out).
-    ``save_pretrained`` / ``from_pretrained`` are the ecosystem's names for writing and reading a
-    Hub-style model folder (captioner/hub.py).
-    """
-
-    def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocab, config: Config,
-                 **kwargs: Any) -> None:
-        super().__init__(encoder, decoder, start_id=vocab.start_id, end_id=vocab.end_id, pad_id=vocab.pad_id,
-                         unk_id=vocab.unk_id, **kwargs)
-        self.vocab = vocab
-        self.config = config
-        self.shipped_name: str | None = None
-        self.pretrained_backbone = has_installed_backbone(config)
-
-    def save_pretrained(self, directory: str | Path, **card: Any) -> Path:
-        """Write this model as a Hub-style folder (``captioner.hub.save_model_folder``: ``name``, ``dtype``,
-        ``scores``, ``dataset``); ``load_captioner(directory)`` reads it back."""
-        return save_model_folder(self, directory, **card)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> "ImageCaptioner":
-        """``load_captioner``: a model folder, a hub id (owner/name), a shipped name or a checkpoint."""
-        return load_captioner(name_or_path, device=device)
+class CaptionsInWords:
+    """What turns a captioner's token ids into words, shared by one model (``ImageCaptioner``) and an ensemble
+    (``ImageCaptionerEnsemble``): ``words`` and ``caption``. Needs ``self.vocab`` and a Captioner's decoding
+    (``transform``, ``encode``, ``decode_mode``, ``generate``, ``grid_hw``, ``device``)."""
 
     def words(self, hyp: Any) -> list[str]:
         """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
@@ -124,6 +100,81 @@ class ImageCaptioner(Captioner):
             "n_best": [{"caption": " ".join(w), "words": w, "score": float(h.score)}
                        for h, w in ((h, self.words(h)) for h in per_image)],
         }
+
+
+class ImageCaptioner(CaptionsInWords, Captioner):
+    """A ``Captioner`` with the vocabulary its ids refer to and the config it was built from.
+
+    What ``build_model`` and ``load_captioner`` return: an ``nn.Module`` (training updates it, its
+    state dict is the Captioner's) whose ``caption`` speaks words. ``shipped_name`` is set when it is
+    one of the models shipped with the package (captioner/zoo.py); ``pretrained_backbone`` says whether
+    its backbone holds the installed pretrained weights (a model folder then leaves them out).
+    ``save_pretrained`` / ``from_pretrained`` are the ecosystem's names for writing and reading a
+    Hub-style model folder (captioner/hub.py).
+    """
+
+    def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocab, config: Config,
+                 **kwargs: Any) -> None:
+        super().__init__(encoder, decoder, start_id=vocab.start_id, end_id=vocab.end_id, pad_id=vocab.pad_id,
+                         unk_id=vocab.unk_id, **kwargs)
+        self.vocab = vocab
+        self.config = config
+        self.shipped_name: str | None = None
+        self.pretrained_backbone = has_installed_backbone(config)
+
+    def save_pretrained(self, directory: str | Path, **card: Any) -> Path:
+        """Write this model as a Hub-style folder (``captioner.hub.save_model_folder``: ``name``, ``dtype``,
+        ``scores``, ``dataset``); ``load_captioner(directory)`` reads it back."""
+        return save_model_folder(self, directory, **card)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> "ImageCaptioner":
+        """``load_captioner``: a model folder, a hub id (owner/name), a shipped name or a checkpoint."""
+        return load_captioner(name_or_path, device=device)
+
+
+class ImageCaptionerEnsemble(CaptionsInWords, CaptionerEnsemble):
+    """Several models with one vocabulary and one backbone captioning as one (models/ensemble.py: the mean of
+    their word log-probabilities at each step of the search): what ``load_captioner`` returns for several paths.
+
+    ``vocab`` and ``config`` are the first member's (its eval settings are the ensemble's defaults, its data
+    section what ``captioner evaluate`` reads); ``sources`` name the members (their paths). Each caption's dict
+    also carries ``ensemble``: the sources and which attention its ``alphas`` are ("first" member's or "mean").
+
+    Args:
+        members: the loaded models; the first one's vocabulary is every member's (else a CheckpointError
+            naming the member's source), and its encoder too (else a ValueError naming it).
+        sources: where each member came from, for messages and outputs.
+        attention: "first" or "mean" (models/ensemble.py's ATTENTION_SHOWN).
+    """
+
+    def __init__(self, members: Sequence[ImageCaptioner], sources: Sequence[str], attention: str = "first") -> None:
+        for source, member in zip(sources[1:], members[1:]):
+            _check_same_words(members[0], sources[0], member, source)
+        super().__init__(members, attention=attention, names=[str(s) for s in sources])
+        self.vocab = members[0].vocab
+        self.config = members[0].config
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.names)
+
+    @property
+    def ensemble(self) -> dict:
+        """What the outputs say about this ensemble: its members' sources and the attention shown."""
+        return {"members": self.sources, "attention": self.attention_shown}
+
+    def _result(self, per_image: list[Any], locations: int, mode: str) -> dict:
+        return {**super()._result(per_image, locations, mode), "ensemble": self.ensemble}
+
+
+def _check_same_words(first: ImageCaptioner, first_source: str, member: ImageCaptioner, source: str) -> None:
+    """checkpoint.check_vocab between a member and the first: an ensemble averages log-probabilities id by id."""
+    try:
+        check_vocab(member.vocab, first.vocab)
+    except CheckpointError as err:
+        raise CheckpointError(f"{source}: cannot join an ensemble with {first_source}, whose word ids mean other "
+                              f"words: {err} (checkpoint: {source}; given: {first_source})") from None
 
 
 def has_installed_backbone(cfg: Config) -> bool:
@@ -189,8 +240,41 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
                           length_penalty=cfg.eval.length_penalty, block_trigrams=cfg.eval.block_trigrams)
 
 
-def load_captioner(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:
-    """Rebuild a captioner from
+def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device: str = "cpu",
+                   ensemble_attention: str | None = None) -> ImageCaptioner | ImageCaptionerEnsemble:
+    """Rebuild a captioner from ``path``, one of the sources ``load_model`` reads (nothing: the shipped model),
+    or from a list or tuple of several: an ensemble of those models (``load_ensemble``, whose attention shown
+    is ``ensemble_attention``, "first" by default; asking for it with one model is an error). A list of one
+    is that model."""
+    if isinstance(path, (list, tuple)):
+        if len(path) > 1:
+            return load_ensemble(path, device=device, attention=ensemble_attention or "first")
+        if not path:
+            raise ValueError("load_captioner: an empty list of models")
+        (path,) = path
+    if ensemble_attention is not None:
+        raise ValueError(f"ensemble_attention={ensemble_attention!r} needs two or more models; got one: {path}")
+    return load_model(path, device=device)
+
+
+def load_ensemble(paths: Sequence[str | Path], device: str = "cpu", attention: str = "first"
+                  ) -> ImageCaptionerEnsemble:
+    """An ensemble of the models at ``paths`` (each anything ``load_model`` reads): they decode together,
+    the mean of their word log-probabilities at each step (models/ensemble.py), their captions' attention the
+    first model's or the mean (``attention``). Refused, naming the file, when a model's vocabulary differs from
+    the first's (CheckpointError) or its encoder does (ValueError: an image is encoded once for all)."""
+    check_attention_shown(attention)  # before minutes of loading
+    if len(paths) < 2:
+        raise ValueError(f"an ensemble needs two or more models, got {len(paths)}")
+    sources = [str(p) for p in paths]
+    members = [load_model(p, device=device) for p in paths]
+    ensemble = ImageCaptionerEnsemble(members, sources, attention=attention)
+    ensemble.eval()
+    return ensemble
+
+
+def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:
+    """Rebuild one captioner from
 
     - nothing, or a shipped model's name (``"flickr8k"``): the pretrained model shipped with the package
       (captioner/zoo.py);

@@ -20,6 +20,7 @@ from captioner.api import reads_cached_grids
 from captioner.data.images import check_jpeg_quality
 from captioner.decode import decode_batches
 from captioner.models.attention import ONE_CELL_MODES
+from captioner.models.ensemble import describe_ensemble
 from captioner.data.datasets import MIRROR_SUFFIX
 from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
                                caption_scores, cells_of, cells_read, grounding_shares, mirror_following,
@@ -241,11 +242,13 @@ def format_table(result: dict, split: str) -> str:
             + ("  <unk> forbidden" if result.get("forbid_unk") else "")
             + ("  repeated trigrams blocked" if result.get("block_trigrams") else "")
             + (f"  inputs re-encoded as JPEG quality {result['jpeg_quality']}" if result.get("jpeg_quality") else ""))
-    rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
-                                                         if result["tokenizer"] == "ptb" else
-                                                         "  (no Java: not PTB, scores differ slightly "
-                                                         "from published tables)"),
-            "-" * len(head)]
+    ensemble = result.get("ensemble")  # set by `captioner evaluate` for several checkpoints
+    rows = [head] + ([describe_ensemble(**ensemble)] if ensemble else [])
+    rows += [f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
+                                                   if result["tokenizer"] == "ptb" else
+                                                   "  (no Java: not PTB, scores differ slightly "
+                                                   "from published tables)"),
+             "-" * len(head)]
     for name, value in result["scores"].items():
         rows.append(f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}")
     rows.append(f"vocabulary: {result['vocabulary']} distinct words")

@@ -43,6 +43,9 @@ HARD_ESTIMATORS = ("paper", "loo", "gumbel")
 OPTIMIZERS = ("adam", "rmsprop")
 # wblog.py: train.wandb
 WANDB_MODES = ("off", "offline", "online")
+# models/ensemble.py: ATTENTION_SHOWN, whose map an ensemble's overlays show (a decoding choice of the
+# command line and load_captioner, not of the config; named here so `captioner caption --help` needs no torch)
+ENSEMBLE_ATTENTIONS = ("first", "mean")
 # data/datasets.py: LOADERS (data.format) and the splits every format knows
 DATA_FORMATS = ("shapes", "karpathy", "coco", "flickr8k", "captions")
 SPLITS = ("train", "val", "test")

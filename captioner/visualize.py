@@ -115,6 +115,7 @@ def overlay_attention(
     opacity: float = 0.6,
     upsample: str = "bicubic",
     panel_inches: float = 2.4,
+    note: str | None = None,
 ) -> Figure:
     """A figure with the plain image, then one panel per word with its attention overlaid.
 
@@ -127,6 +128,7 @@ def overlay_attention(
             None per word; each is marked with a rectangle.
         smooth: Gaussian-smooth the upsampled map (the paper's look); False shows it unblurred.
         ncols: panels per row.
+        note: a second title line (an ensemble's says whose attention the maps are).
     Save with `fig.savefig(path)`; nothing touches pyplot.
     """
     a = _check_inputs(words, alphas, grid_hw, chosen)
@@ -136,7 +138,7 @@ def overlay_attention(
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(ncols * panel_inches, nrows * panel_inches + 0.4))
     FigureCanvasAgg(fig)
-    fig.suptitle(" ".join(words))
+    fig.suptitle(" ".join(words) if note is None else f"{' '.join(words)}\n{note}")
     ax = fig.add_subplot(nrows, ncols, 1)
     ax.imshow(img)
     ax.set_title("")

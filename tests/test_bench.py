@@ -155,3 +155,14 @@ def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, 
     state = dec.expand_state(dec.init_state(grid), 3)
     memory_rows = {s.shape[0] for s in state[2:]}
     assert memory_rows == {8}  # one row per image: every attention reads it for a group of beams
+
+
+def test_the_ensemble_bench_reports_both_speeds(one_thread):
+    """scripts/bench_ensemble.py at tiny sizes: one model and an ensemble of two decode, both rates positive."""
+    spec = importlib.util.spec_from_file_location("bench_ensemble", ROOT / "scripts" / "bench_ensemble.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.bench_ensemble("F8K", members=2, beam=3, repeats=1, quick=True, threads=one_thread)
+    assert result["members"] == 2 and result["beam"] == 3
+    for key in ("single_captions_per_s", "ensemble_captions_per_s", "ensemble_time_ratio"):
+        assert result[key] > 0, key

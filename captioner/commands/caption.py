@@ -1,6 +1,7 @@
-"""`captioner caption IMAGE... [--model M] [--beam N] [--attention-out DIR] [--json]`: caption image files,
-globs or directories with ``api.load_captioner(...).caption`` (no ``--model``: the shipped Flickr8k model),
-optionally writing each image's per-word attention overlay (captioner/visualize.py)."""
+"""`captioner caption IMAGE... [--model M [--model M2 ...]] [--beam N] [--attention-out DIR] [--json]`: caption
+image files, globs or directories with ``api.load_captioner(...).caption`` (no ``--model``: the shipped Flickr8k
+model; several: their ensemble, models/ensemble.py), optionally writing each image's per-word attention overlay
+(captioner/visualize.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from captioner.arguments import int_at_least
-from captioner.names import HARD_DECODING_MODES
+from captioner.names import ENSEMBLE_ATTENTIONS, HARD_DECODING_MODES
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -43,10 +44,15 @@ def expand_image_paths(items: Sequence[str]) -> tuple[list[Path], list[tuple[str
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner caption", description=main.__doc__)
     parser.add_argument("images", nargs="*", help="image files, globs or directories")
-    parser.add_argument("--model", "--checkpoint", dest="checkpoint", default=None,
+    parser.add_argument("--model", "--checkpoint", dest="checkpoint", action="append", default=None,
                         help="model folder, hub model id (owner/name, from the local Hugging Face cache), "
                              "checkpoint file, run directory or shipped model name (default: the shipped "
-                             "Flickr8k model; see --list-models)")
+                             "Flickr8k model; see --list-models); given more than once, an ensemble of those "
+                             "models (one vocabulary and encoder): the mean of their word log-probabilities "
+                             "at each step")
+    parser.add_argument("--ensemble-attention", choices=ENSEMBLE_ATTENTIONS, default=None,
+                        help="with several models, the attention the overlays and --json results show: the "
+                             "first model's or the mean of all (default: first)")
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
     parser.add_argument("--allow-unk", action="store_true",
                         help="let captions contain <unk> (by default the search never chooses it)")
@@ -72,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`captioner caption IMAGE... [--model DIR | owner/name | CKPT]`: one caption per image; exit 1 if any failed."""
+    """`captioner caption IMAGE... [--model DIR | owner/name | CKPT] [--model ...]`: one caption per image (several
+    --model: an ensemble's); exit 1 if any failed."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_models:
@@ -91,14 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n_best > args.beam:
         parser.error(f"argument --n-best: must be <= --beam ({args.beam}), got {args.n_best}")
 
-    from captioner.checkpoint import CheckpointError
-    from captioner.data.images import ImageLoadError, load_image
-    from captioner.api import load_captioner
+    if args.ensemble_attention and len(args.checkpoint or []) < 2:
+        parser.error("argument --ensemble-attention: needs two or more --model/--checkpoint")
 
-    try:
-        model = load_captioner(args.checkpoint, device=args.device)  # None: the shipped model
-    except (CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"captioner caption: {err}", file=sys.stderr)
+    from captioner.data.images import ImageLoadError, load_image
+
+    model = _load(args)
+    if model is None:
         return 2
 
     paths, failures = expand_image_paths(args.images)
@@ -139,11 +145,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failures else 0
 
 
+def _load(args: argparse.Namespace):
+    """The model (an ensemble for several --model), or None after printing why it cannot be loaded."""
+    from captioner.api import load_captioner
+    from captioner.checkpoint import CheckpointError
+    from captioner.models.ensemble import describe_ensemble
+
+    try:  # None: the shipped model; a list of one: that model
+        model = load_captioner(args.checkpoint, device=args.device, ensemble_attention=args.ensemble_attention)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"captioner caption: {err}", file=sys.stderr)
+        return None
+    if len(args.checkpoint or []) > 1:  # stdout keeps one "image<TAB>caption" line per caption
+        print(f"captioner caption: {describe_ensemble(**model.ensemble)}", file=sys.stderr)
+    return model
+
+
 def _write_overlay(out_dir: Path, path: Path, image, out: dict, gif: bool = False) -> Path:
+    from captioner.models.ensemble import ATTENTION_SHOWN_WORDS
     from captioner.visualize import overlay_attention, save_attention_gif
 
     target = out_dir / f"{path.stem}_attention.png"
-    fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"], chosen=out.get("locations"))
+    ensemble = out.get("ensemble")  # only an ensemble's results say which attention they hold
+    note = None if ensemble is None else f"attention: {ATTENTION_SHOWN_WORDS[ensemble['attention']]}"
+    fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"], chosen=out.get("locations"),
+                            note=note)
     fig.savefig(target, dpi=80, bbox_inches="tight")
     if gif and out["words"]:
         save_attention_gif(image, out["words"], out["alphas"], out["grid_hw"], out_dir / f"{path.stem}_attention.gif")

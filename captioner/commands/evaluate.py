@@ -1,6 +1,7 @@
-"""`captioner evaluate --checkpoint CKPT [--split S] [--beam N] [--json] [--out F] [--results-file F]`: decode a
-split with ``evaluate.evaluate_model`` and print its scores (``--results-file``: also write the captions in
-COCO's results format, which `captioner score` and other tools score)."""
+"""`captioner evaluate --checkpoint CKPT [CKPT2 ...] [--split S] [--beam N] [--json] [--out F] [--results-file F]`:
+decode a split with ``evaluate.evaluate_model`` and print its scores (``--results-file``: also write the captions
+in COCO's results format, which `captioner score` and other tools score). Several checkpoints are decoded as
+one ensemble (models/ensemble.py); the first one's config says which data and split."""
 
 from __future__ import annotations
 
@@ -15,14 +16,19 @@ from captioner.atomic import write_text_atomic
 from captioner.data.images import JPEG_QUALITIES
 from captioner.evaluate import cached_grids, evaluate_model, format_table
 from captioner.metrics import resolve_tokenizer
-from captioner.names import HARD_DECODING_MODES
+from captioner.names import ENSEMBLE_ATTENTIONS, HARD_DECODING_MODES
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner evaluate", description="Decode a split and score it.")
-    parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
+    parser.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, nargs="+", action="extend",
                         help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
-                             "model name (e.g. flickr8k)")
+                             "model name (e.g. flickr8k); several (--checkpoint A B, or the flag again): an "
+                             "ensemble of those models (one vocabulary and encoder), the mean of their word "
+                             "log-probabilities at each step, the data and eval settings the first one's")
+    parser.add_argument("--ensemble-attention", choices=ENSEMBLE_ATTENTIONS, default=None,
+                        help="with several checkpoints, the attention the grounding and attention figures read: "
+                             "the first model's or the mean of all (default: first)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
@@ -64,12 +70,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    ensemble = len(args.checkpoint) > 1
+    if args.ensemble_attention and not ensemble:
+        parser.error("argument --ensemble-attention: needs two or more checkpoints")
 
     from captioner.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
 
-    try:
-        model = load_captioner(args.checkpoint, device=args.device)
+    try:  # a list of one: that model
+        model = load_captioner(args.checkpoint, device=args.device, ensemble_attention=args.ensemble_attention)
     except (CheckpointError, ValueError) as err:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
@@ -94,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams,
                             jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check)
     result["split"] = split
+    if ensemble:
+        result["ensemble"] = model.ensemble
     if args.out:
         write_text_atomic(args.out, json.dumps(result, indent=2))
     if args.results_file:

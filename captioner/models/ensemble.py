@@ -1,0 +1,179 @@
+"""Several captioners decoded as one: an ensemble at decode time.
+
+At each step of the search every member reads the same words so far and the ensemble scores word w with the
+mean of the members' log-probabilities,
+
+    log p(w | w_<t, a) := (1/M) sum_m log p_m(w | w_<t, a)        (M members)
+
+(the log of the geometric mean of their distributions, not renormalised: its probabilities sum to at most one,
+so every log-probability stays <= 0, which the beam search's early stop relies on; search.py). Xu et al.
+2015's Eq. (7) gives each p_m; the beam search of §5.2 runs over the mean unchanged.
+
+The members share one backbone: equal encoder fingerprints (backbone weights, stage, grid, input size,
+preprocessing), so the image is encoded once and each member then applies its own projection and grid
+refinement (``Captioner.prepare_grid``) to that backbone grid. They also share the vocabulary's size and
+special ids; that the ids mean the same words is the application's check (``api.load_ensemble``, which knows
+the vocabularies and names the files). The overlays show one map per word: the first member's alpha_t, or
+the mean of the members' alphas (``ATTENTION_SHOWN``); in hard attention's one-cell modes each member reads
+its own cell and the ensemble reports the first member's.
+
+A pure module like the members: it knows neither the config nor the vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from captioner.models.captioner import Captioner
+from captioner.names import ENSEMBLE_ATTENTIONS  # named below the command line, which offers them
+
+State = Any  # a tuple with one decoder state per member (search.State)
+
+# The attention map an ensemble reports per word (overlays, grounding): from the members' alphas, each (N, L).
+ATTENTION_SHOWN: dict[str, Callable[[list[Tensor]], Tensor]] = {
+    "first": lambda alphas: alphas[0],
+    "mean": lambda alphas: torch.stack(alphas).mean(dim=0),  # (M, N, L) -> (N, L); still sums to one
+}
+
+
+# The same choice in words, for outputs and overlays.
+ATTENTION_SHOWN_WORDS = {"first": "the first model's attention", "mean": "the mean of the models' attention"}
+
+
+def describe_ensemble(members: Sequence[str], attention: str) -> str:
+    """One line for outputs: which models (``members``: their names or files), which attention the maps show."""
+    return f"an ensemble of {len(members)} models ({', '.join(members)}) showing {ATTENTION_SHOWN_WORDS[attention]}"
+
+
+def check_attention_shown(attention: str) -> None:
+    if attention not in ATTENTION_SHOWN:
+        raise ValueError(f"unknown ensemble attention {attention!r}; valid: {', '.join(ENSEMBLE_ATTENTIONS)}")
+
+
+def member_mismatch(first: Captioner, other: Captioner) -> str | None:
+    """Why ``other`` cannot decode beside ``first`` in an ensemble, or None when it can: a different backbone
+    (the encoder's fingerprint: weights, stage, grid, input size, preprocessing), vocabulary size or special ids."""
+    a, b = first.encoder.fingerprint(), other.encoder.fingerprint()
+    differ = [key for key in a if a[key] != b.get(key)]
+    if differ:
+        shown = "; ".join(f"{key} {b.get(key)!r}, the first member's {a[key]!r}" for key in differ)
+        return (f"its encoder differs from the first member's ({shown}); an ensemble encodes each image once, "
+                f"so its members need the same backbone")
+    if other.decoder.vocab_size != first.decoder.vocab_size:
+        return f"its vocabulary has {other.decoder.vocab_size} words, the first member's {first.decoder.vocab_size}"
+    ids, first_ids = _special_ids(other), _special_ids(first)
+    if ids != first_ids:
+        return f"its special token ids {ids} differ from the first member's {first_ids}"
+    return None
+
+
+def _special_ids(model: Captioner) -> dict[str, int]:
+    return {"start": model.start_id, "end": model.end_id, "pad": model.pad_id, "unk": model.unk_id}
+
+
+class EnsembleSteps(nn.Module):
+    """The decoding half of the decoder contract (models/decoders/contract.py) over several captioners:
+    ``init_state``, ``expand_state`` and ``step_with_location``, what ``Captioner.generate`` drives. Its
+    state is a tuple of the members' states; ``init_state`` takes the backbone grid and prepares each
+    member's own. It does not train (no ``forward``, no ``sample``): train the members.
+
+    Args:
+        members: the captioners, compatible (``member_mismatch``).
+        attention: a key of ATTENTION_SHOWN, the map reported per word.
+    """
+
+    def __init__(self, members: Sequence[Captioner], attention: str = "first") -> None:
+        super().__init__()
+        check_attention_shown(attention)
+        self.members = nn.ModuleList(members)
+        self.attention = attention
+        first = members[0].decoder
+        self.vocab_size, self.pad_id, self.attention_kind = first.vocab_size, first.pad_id, first.attention_kind
+
+    def forward(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an ensemble only decodes; train (or teacher-force) its members one by one")
+
+    def init_state(self, grid: Tensor) -> State:
+        """Backbone grid (B, L, D_backbone) -> one state per member, each from its own prepared grid (B, L, D_m)."""
+        return tuple(m.decoder.init_state(m.prepare_grid(grid)) for m in self.members)
+
+    def expand_state(self, state: State, beams: int) -> State:
+        """Each member expands its own state (per-image tensors may stay at B rows: search's ``expand``)."""
+        return tuple(m.decoder.expand_state(s, beams) for m, s in zip(self.members, state))
+
+    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "soft",
+                           dense: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
+        """One word for N rows: (the mean of the members' log-probs (N, V), the alpha shown (N, L), the first
+        member's read cell (N,) or None, new state). Always dense (``dense`` is accepted for the contract):
+        the mean needs every member's normalised log-probabilities."""
+        log_probs, alphas, locations, states = [], [], [], []
+        for member, member_state in zip(self.members, state):
+            lp, alpha, location, member_state = member.decoder.step_with_location(
+                tokens, member_state, attention_mode=attention_mode, dense=True)
+            log_probs.append(lp.float())
+            alphas.append(alpha)
+            locations.append(location)
+            states.append(member_state)
+        mean = torch.stack(log_probs).mean(dim=0)  # (M, N, V) -> (N, V)
+        return mean, ATTENTION_SHOWN[self.attention](alphas), locations[0], tuple(states)
+
+
+class CaptionerEnsemble(Captioner):
+    """Captioners with one backbone decoded together: a ``Captioner`` wherever decoding reads one
+    (``generate``, ``encode``, ``grid_from``, ``decode_mode``, ``transform``, ``grid_hw``), whose "prepared
+    grid" is the shared backbone grid (B, L, D_backbone): each member prepares its own inside ``generate``.
+    Decoding defaults (max_length, length_penalty, block_trigrams, attention_mode) are the first member's.
+
+    Args:
+        members: two or more captioners (one is allowed: it decodes as itself, through dense log-probs).
+        attention: "first" or "mean" (ATTENTION_SHOWN): the attention map reported per word.
+        names: how messages name the members (e.g. their files); default "member 0", "member 1", ...
+    """
+
+    def __init__(self, members: Sequence[Captioner], attention: str = "first",
+                 names: Sequence[str] | None = None) -> None:
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        names = list(names) if names is not None else [f"member {i}" for i in range(len(members))]
+        if len(names) != len(members):
+            raise ValueError(f"{len(members)} members but {len(names)} names")
+        first = members[0]
+        for name, member in zip(names[1:], members[1:]):
+            reason = member_mismatch(first, member)
+            if reason is not None:
+                raise ValueError(f"{name}: cannot join an ensemble with {names[0]}: {reason}")
+        super().__init__(first.encoder, EnsembleSteps(members, attention), start_id=first.start_id,
+                         end_id=first.end_id, pad_id=first.pad_id, unk_id=first.unk_id,
+                         attention_kind=first.attention_kind, attention_mode=first.attention_mode,
+                         max_length=first.max_length, length_penalty=first.length_penalty,
+                         block_trigrams=first.block_trigrams)
+        self.names = names
+
+    @property
+    def members(self) -> nn.ModuleList:
+        return self.decoder.members
+
+    @property
+    def attention_shown(self) -> str:
+        """"first" or "mean": the attention map each word reports."""
+        return self.decoder.attention
+
+    def prepare_grid(self, grid: Tensor) -> Tensor:
+        """The backbone grid (B, L, D_backbone) as it is: the members prepare their own (EnsembleSteps.init_state)."""
+        return grid
+
+    def decode_mode(self, attention_mode: str | None) -> str:
+        """One attention mode for every member (the first member's default unless given), resolved as each
+        member would resolve it alone (a member that cannot read that way refuses, named); the first member's
+        resolution is what the ensemble reports and hands back to ``generate``."""
+        mode = attention_mode or self.attention_mode
+        resolved = []
+        for name, member in zip(self.names, self.members):
+            try:
+                resolved.append(member.decode_mode(mode))
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from None
+        return resolved[0]
