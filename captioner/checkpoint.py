@@ -35,7 +35,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -47,6 +47,8 @@ DIGEST_KEY = "payload_sha256"
 # What `load_checkpoint` tries, in order, when given a run directory: the best
 # model is what inference wants; a run stopped before its first validation only has last.pt.
 RUN_DIR_CANDIDATES = ("best.pt", "last.pt")
+EPOCHS_DIR = "epochs"  # train.keep_epochs: one weights-only checkpoint per epoch, epoch-NNN.pt
+AVERAGED_CHECKPOINT = "averaged.pt"  # train.average_last: the mean of the last k of them
 
 # Leaf types torch.load(weights_only=True) reads back (checked by exact type: a
 # subclass such as numpy.float64 or an IntEnum is pickled by reference and refused on load).
@@ -387,3 +389,52 @@ def _words_of(vocab: Any, which: str) -> list[str]:
     if isinstance(words, (str, bytes)) or not isinstance(words, Iterable):
         raise CheckpointError(f"{which} vocabulary is a {_type_name(vocab)}, not a Vocab, its dict or a word list")
     return list(words)
+
+
+# ------------------------------------------------------------------- averaging
+
+
+def epoch_snapshots(run_dir: str | Path) -> list[Path]:
+    """The per-epoch checkpoints a run kept (``train.keep_epochs``), oldest first."""
+    return sorted((Path(run_dir) / EPOCHS_DIR).glob("epoch-*.pt"))
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict:
+    """The mean of several checkpoints' weights (checkpoint averaging: e.g. the last k epochs of one run, which
+    ``train.keep_epochs`` keeps), as a weights-only checkpoint payload with the last file's config, vocabulary
+    and epoch, and ``averaged_from`` naming the files.
+
+    Floating-point tensors are averaged in float64 and stored in their own dtype; other tensors (counters such
+    as batch norm's ``num_batches_tracked``) must be equal in every file. Every file must hold the same tensors
+    (names and shapes), the same vocabulary and the same model section of the config; the error names the
+    file that differs.
+    """
+    if not paths:
+        raise CheckpointError("checkpoint averaging needs at least one checkpoint")
+    payloads = [(Path(p), load_checkpoint(p)) for p in paths]
+    for path, payload in payloads:
+        missing = [key for key in ("model", "config", "vocab") if key not in payload]
+        if missing:
+            raise CheckpointError(f"{path}: checkpoint has no {', '.join(map(repr, missing))} entry to average")
+    first_path, first = payloads[0]
+    sums = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    for path, payload in payloads[1:]:
+        try:
+            check_state_dict(payload["model"], first["model"])
+            check_vocab(payload["vocab"], first["vocab"])
+        except CheckpointError as err:
+            raise CheckpointError(f"{path} cannot be averaged with {first_path}: {err}") from None
+        if payload["config"].get("model") != first["config"].get("model"):
+            raise CheckpointError(f"{path} cannot be averaged with {first_path}: their model sections differ")
+        for key, value in payload["model"].items():
+            if value.is_floating_point():
+                sums[key] += value.double()
+            elif not torch.equal(value, sums[key]):
+                raise CheckpointError(f"{path} cannot be averaged with {first_path}: the integer tensor {key!r} "
+                                      "differs")
+    n = len(payloads)
+    model = {k: (v / n).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
+    last = payloads[-1][1]
+    return {"model": model, "config": last["config"], "vocab": last["vocab"], "epoch": last.get("epoch"),
+            "step": last.get("step"), "averaged_from": [str(p) for p, _ in payloads]}
+

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("captioner.commands.demo", "the end-to-end run on the built-in shapes data"),
     "export": ("captioner.commands.export",
                "write a trained run as a Hub-style model folder (safetensors, config.json, card)"),
+    "average": ("captioner.commands.average", "average the weights of checkpoints (a run's last K epochs)"),
     "config": ("captioner.commands.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.commands.shapes", "write the built-in synthetic shapes data set"),
     "serve": ("captioner.commands.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),

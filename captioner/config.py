@@ -197,6 +197,7 @@ class TrainConfig:
     fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
     # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`
     keep_epochs: bool = False
+    average_last: int = 0  # k > 0: RUN_DIR/averaged.pt, the mean of the last k epochs' weights (needs keep_epochs)
 
 
 @dataclass
@@ -258,6 +259,7 @@ NON_NEGATIVE = (
     "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
     "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
     "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images", "train.scst.xe_weight",
+    "train.average_last",
 )
 UNIT_INTERVAL = (
     "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
@@ -454,6 +456,9 @@ def validate(cfg: Config) -> None:
     if cfg.data.val_share + cfg.data.test_share >= 1.0:
         raise ConfigError(f"data.val_share + data.test_share must be < 1 (training needs images), got "
                           f"{cfg.data.val_share} + {cfg.data.test_share}")
+    if cfg.train.average_last and not cfg.train.keep_epochs:
+        raise ConfigError(f"train.average_last={cfg.train.average_last} averages kept epochs: set "
+                          "train.keep_epochs=true too")
     if cfg.train.hard.temperature_min > cfg.train.hard.temperature:
         raise ConfigError(f"train.hard.temperature_min ({cfg.train.hard.temperature_min}) must be <= "
                           f"train.hard.temperature ({cfg.train.hard.temperature}): the Gumbel-softmax read anneals "

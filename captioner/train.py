@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
 METRICS_FILE = "metrics.jsonl"
 LAST_CHECKPOINT = "last.pt"  # the run's latest state: what --resume continues from
-EPOCHS_DIR = "epochs"  # train.keep_epochs: one weights-only checkpoint per epoch
 RESUME_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # what a snapshot leaves out of last.pt
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -696,7 +695,7 @@ def _select(run: _Run, entry: dict[str, Any], epoch: int, stats: _EpochStats) ->
 
 def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     """last.pt (everything an exact resume needs), best.pt when improved, the metrics log, a summary line."""
-    from captioner.checkpoint import save_checkpoint
+    from captioner.checkpoint import EPOCHS_DIR, save_checkpoint
 
     if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
@@ -752,10 +751,21 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir / f"weights-rank{run.rank}.sha256", _weights_hash(run.model) + "\n")
+    if run.is_main and cfg.train.average_last:
+        _write_average(run.run_dir, cfg.train.average_last)
     if run.writer is not None:
         run.writer.close()
     barrier(run.world)
     return run.run_dir
+
+
+def _write_average(run_dir: Path, last: int) -> None:
+    """``train.average_last``: RUN/averaged.pt, the mean of the weights of the run's last ``last`` epochs."""
+    from captioner.checkpoint import AVERAGED_CHECKPOINT, average_checkpoints, epoch_snapshots, save_checkpoint
+
+    snapshots = epoch_snapshots(run_dir)[-last:]
+    save_checkpoint(run_dir / AVERAGED_CHECKPOINT, average_checkpoints(snapshots))
+    log.info("%s: the mean of %s", run_dir / AVERAGED_CHECKPOINT, ", ".join(p.name for p in snapshots))
 
 
 # What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value

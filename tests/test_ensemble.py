@@ -252,3 +252,26 @@ def test_evaluate_command_with_two_models(smoke_checkpoint, second_checkpoint, t
     assert pair["ensemble"] == {"members": [str(smoke_checkpoint), str(second_checkpoint)], "attention": "first"}
     assert table.splitlines()[1].startswith("an ensemble of 2 models")
     assert len(pair["predictions"]) == len(single["predictions"])
+
+
+def test_fine_tuned_members_share_the_cached_rows_and_run_their_own_top_blocks():
+    """Snapshots of one fine-tuning run share the frozen bottom (one cache fingerprint) but not the trained top:
+    the ensemble encodes an image up to the cached rows once, and each member finishes them with its own top."""
+    tuned = ("model.encoder.finetune_blocks=1",)
+    a = smoke_model(0, overrides=tuned)
+    b = smoke_model(1, backbone_of=a, overrides=tuned)
+    with torch.no_grad():
+        next(b.encoder._top[0].parameters()).mul_(1.5)  # another snapshot's conv head
+    ensemble = CaptionerEnsemble([a, b])
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        rows = ensemble.encode(images)  # (B, l, C): the shared cached rows
+        torch.testing.assert_close(rows, a.encoder.cache_features(images))
+        assert not torch.allclose(a.prepare_rows(rows), b.prepare_rows(rows))
+        tokens = torch.full((2,), a.start_id)
+        mean, _, _, _ = ensemble.decoder.step_with_location(tokens, ensemble.decoder.init_state(rows))
+        own = [m.decoder.step_with_location(tokens, m.decoder.init_state(m.prepare_rows(rows)))[0] for m in (a, b)]
+    torch.testing.assert_close(mean, (own[0] + own[1]) / 2)
+    frozen = smoke_model(2, backbone_of=a)  # the same backbone weights, but its cache holds other rows
+    with pytest.raises(ValueError, match="its encoder differs.*split"):
+        CaptionerEnsemble([a, frozen])

@@ -102,15 +102,19 @@ class Captioner(nn.Module):
         """Backbone grid (B, L, D_backbone) -> decoder input grid (B, L, D): projection + self-attention."""
         return self.refine(self.encoder.project(grid))
 
+    def prepare_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """What the feature cache stores (B, l, C) -> decoder input grid (B, L, D): the encoder's trainable top
+        blocks (``encoder.finish``; none when it is frozen), then ``prepare_grid``."""
+        return self.prepare_grid(self.encoder.finish(rows))
+
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Images (B, 3, S, S) -> prepared grid (B, L, D)."""
-        return self.prepare_grid(self.encoder.backbone_features(images))
+        """Images (B, 3, S, S) -> prepared grid (B, L, D), through the very path cached rows take in training."""
+        return self.prepare_rows(self.encoder.cache_features(images))
 
     def grid_from(self, inputs: torch.Tensor, images: bool) -> torch.Tensor:
         """A batch's inputs -> prepared grid (B, L, D): images (B, 3, S, S) through the whole encoder, cached
-        rows (B, l, C) through the encoder's trainable top (``encoder.finish``; none when frozen) and
-        ``prepare_grid``."""
-        return self.encode(inputs) if images else self.prepare_grid(self.encoder.finish(inputs))
+        rows (B, l, C) through ``prepare_rows`` only."""
+        return self.encode(inputs) if images else self.prepare_rows(inputs)
 
     def forward(
         self,

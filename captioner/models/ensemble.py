@@ -9,9 +9,10 @@ mean of the members' log-probabilities,
 so every log-probability stays <= 0, which the beam search's early stop relies on; search.py). Xu et al.
 2015's Eq. (7) gives each p_m; the beam search of §5.2 runs over the mean unchanged.
 
-The members share one backbone: equal encoder fingerprints (backbone weights, stage, grid, input size,
-preprocessing), so the image is encoded once and each member then applies its own projection and grid
-refinement (``Captioner.prepare_grid``) to that backbone grid. They also share the vocabulary's size and
+The members share what the feature cache stores: equal cache fingerprints (the frozen backbone's weights, stage,
+grid, input size, preprocessing, and for fine-tuned encoders the split point; models/encoder.py), so the image
+is encoded once up to there and each member then runs its own fine-tuned top blocks (if any), projection and
+grid refinement (``Captioner.prepare_rows``) on those rows. Snapshots of one fine-tuning run can so decode together. They also share the vocabulary's size and
 special ids; that the ids mean the same words is the application's check (``api.load_ensemble``, which knows
 the vocabularies and names the files). The overlays show one map per word: the first member's alpha_t, or
 the mean of the members' alphas (``ATTENTION_SHOWN``); in hard attention's one-cell modes each member reads
@@ -55,13 +56,14 @@ def check_attention_shown(attention: str) -> None:
 
 def member_mismatch(first: Captioner, other: Captioner) -> str | None:
     """Why ``other`` cannot decode beside ``first`` in an ensemble, or None when it can: a different backbone
-    (the encoder's fingerprint: weights, stage, grid, input size, preprocessing), vocabulary size or special ids."""
-    a, b = first.encoder.fingerprint(), other.encoder.fingerprint()
-    differ = [key for key in a if a[key] != b.get(key)]
+    (the encoder's cache fingerprint: frozen weights, stage, grid, input size, preprocessing, split point),
+    vocabulary size or special ids."""
+    a, b = first.encoder.cache_fingerprint(), other.encoder.cache_fingerprint()
+    differ = [key for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
     if differ:
-        shown = "; ".join(f"{key} {b.get(key)!r}, the first member's {a[key]!r}" for key in differ)
+        shown = "; ".join(f"{key} {b.get(key)!r}, the first member's {a.get(key)!r}" for key in differ)
         return (f"its encoder differs from the first member's ({shown}); an ensemble encodes each image once, "
-                f"so its members need the same backbone")
+                f"so its members need the same frozen backbone up to what the feature cache stores")
     if other.decoder.vocab_size != first.decoder.vocab_size:
         return f"its vocabulary has {other.decoder.vocab_size} words, the first member's {first.decoder.vocab_size}"
     ids, first_ids = _special_ids(other), _special_ids(first)
@@ -77,7 +79,7 @@ def _special_ids(model: Captioner) -> dict[str, int]:
 class EnsembleSteps(nn.Module):
     """The decoding half of the decoder contract (models/decoders/contract.py) over several captioners:
     ``init_state``, ``expand_state`` and ``step_with_location``, what ``Captioner.generate`` drives. Its
-    state is a tuple of the members' states; ``init_state`` takes the backbone grid and prepares each
+    state is a tuple of the members' states; ``init_state`` takes the shared cached rows and prepares each
     member's own. It does not train (no ``forward``, no ``sample``): train the members.
 
     Args:
@@ -97,8 +99,8 @@ class EnsembleSteps(nn.Module):
         raise TypeError("an ensemble only decodes; train (or teacher-force) its members one by one")
 
     def init_state(self, grid: Tensor) -> State:
-        """Backbone grid (B, L, D_backbone) -> one state per member, each from its own prepared grid (B, L, D_m)."""
-        return tuple(m.decoder.init_state(m.prepare_grid(grid)) for m in self.members)
+        """Cached rows (B, l, C) -> one state per member, each from its own prepared grid (B, L, D_m)."""
+        return tuple(m.decoder.init_state(m.prepare_rows(grid)) for m in self.members)
 
     def expand_state(self, state: State, beams: int) -> State:
         """Each member expands its own state (per-image tensors may stay at B rows: search's ``expand``)."""
@@ -124,7 +126,7 @@ class EnsembleSteps(nn.Module):
 class CaptionerEnsemble(Captioner):
     """Captioners with one backbone decoded together: a ``Captioner`` wherever decoding reads one
     (``generate``, ``encode``, ``grid_from``, ``decode_mode``, ``transform``, ``grid_hw``), whose "prepared
-    grid" is the shared backbone grid (B, L, D_backbone): each member prepares its own inside ``generate``.
+    grid" is the shared cached rows (B, l, C): each member prepares its own inside ``generate``.
     Decoding defaults (max_length, length_penalty, block_trigrams, attention_mode) are the first member's.
 
     Args:
@@ -161,9 +163,10 @@ class CaptionerEnsemble(Captioner):
         """"first" or "mean": the attention map each word reports."""
         return self.decoder.attention
 
-    def prepare_grid(self, grid: Tensor) -> Tensor:
-        """The backbone grid (B, L, D_backbone) as it is: the members prepare their own (EnsembleSteps.init_state)."""
-        return grid
+    def prepare_rows(self, rows: Tensor) -> Tensor:
+        """The shared cached rows (B, l, C) as they are: each member finishes and prepares its own grid from
+        them (EnsembleSteps.init_state), its own fine-tuned top blocks included."""
+        return rows
 
     def decode_mode(self, attention_mode: str | None) -> str:
         """One attention mode for every member (the first member's default unless given), resolved as each

@@ -1,0 +1,95 @@
+"""Checkpoint averaging: checkpoint.average_checkpoints, `captioner average`, and train.keep_epochs /
+train.average_last (a run keeps each epoch's weights and writes the mean of the last k)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioner.checkpoint import (AVERAGED_CHECKPOINT, CheckpointError, average_checkpoints, epoch_snapshots,
+                                  load_checkpoint, save_checkpoint)
+from captioner.commands import average
+from captioner.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+VOCAB = {"words": ["<pad>", "<start>", "<end>", "<unk>", "a"]}
+
+
+def _save(path: Path, weight: torch.Tensor, counter: int = 3, vocab=VOCAB, model_section=None) -> Path:
+    save_checkpoint(path, {"model": {"w": weight, "bn.num_batches_tracked": torch.tensor(counter)},
+                           "config": {"model": model_section or {"decoder": {"hidden_dim": 4}}},
+                           "vocab": vocab, "epoch": int(weight.flatten()[0])})
+    return path
+
+
+def test_the_average_is_the_mean_of_the_weights_in_their_dtype(tmp_path):
+    a = _save(tmp_path / "a.pt", torch.tensor([1.0, 2.0, 4.0]))
+    b = _save(tmp_path / "b.pt", torch.tensor([3.0, 2.0, 5.0]))
+    c = _save(tmp_path / "c.pt", torch.tensor([5.0, 2.0, 0.0]))
+    out = average_checkpoints([a, b, c])
+    torch.testing.assert_close(out["model"]["w"], torch.tensor([3.0, 2.0, 3.0]))
+    assert out["model"]["w"].dtype == torch.float32
+    assert int(out["model"]["bn.num_batches_tracked"]) == 3  # counters are not averaged
+    assert out["epoch"] == 5 and out["averaged_from"] == [str(a), str(b), str(c)]  # the last file's epoch
+    half = _save(tmp_path / "half.pt", torch.tensor([1.0, 2.0, 4.0]).half())
+    assert average_checkpoints([half, half])["model"]["w"].dtype == torch.float16
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("shape", "shape"), ("counter", "integer tensor 'bn.num_batches_tracked' differs"),
+    ("vocab", "vocabulary mismatch"), ("model", "model sections differ")])
+def test_checkpoints_of_other_models_are_refused_naming_the_file(tmp_path, kind, match):
+    a = _save(tmp_path / "a.pt", torch.ones(3))
+    other = {"shape": lambda p: _save(p, torch.ones(4)), "counter": lambda p: _save(p, torch.ones(3), counter=4),
+             "vocab": lambda p: _save(p, torch.ones(3), vocab={"words": VOCAB["words"][:-1] + ["b"]}),
+             "model": lambda p: _save(p, torch.ones(3), model_section={"decoder": {"hidden_dim": 8}})}[kind]
+    b = other(tmp_path / "b.pt")
+    with pytest.raises(CheckpointError, match=match) as info:
+        average_checkpoints([a, b])
+    assert str(info.value).startswith(f"{b} cannot be averaged with {a}")
+
+
+def test_average_needs_weights_only(tmp_path):
+    save_checkpoint(tmp_path / "x.pt", {"config": {}, "vocab": VOCAB})
+    with pytest.raises(CheckpointError, match="no 'model' entry"):
+        average_checkpoints([tmp_path / "x.pt"])
+
+
+def test_average_last_needs_kept_epochs():
+    with pytest.raises(ConfigError, match="train.keep_epochs=true"):
+        load_config(SMOKE, ["train.average_last=2"])
+    with pytest.raises(ConfigError, match="train.average_last: must be >= 0"):
+        load_config(SMOKE, ["train.average_last=-1", "train.keep_epochs=true"])
+
+
+@pytest.mark.slow
+def test_a_run_keeps_its_epochs_and_averages_the_last_ones(tmp_path, capsys):
+    """Three smoke epochs: three weights-only snapshots, averaged.pt the mean of the last two (the same as
+    `captioner average --run RUN --last 2`), and the averaged model loads and captions."""
+    from captioner.api import load_captioner
+    from captioner.train import train
+
+    run_dir = train(load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
+                                        "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=3",
+                                        "train.keep_epochs=true", "train.average_last=2"]))
+    kept = epoch_snapshots(run_dir)
+    assert [p.name for p in kept] == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+    snapshot = load_checkpoint(kept[-1])
+    assert "optimizer" not in snapshot and snapshot["epoch"] == 3
+    last = load_checkpoint(run_dir / "last.pt")
+    assert all(torch.equal(v, last["model"][k]) for k, v in snapshot["model"].items())
+    averaged = load_checkpoint(run_dir / AVERAGED_CHECKPOINT)
+    key = next(k for k, v in snapshot["model"].items() if v.is_floating_point() and k.startswith("decoder."))
+    two = [load_checkpoint(p)["model"][key] for p in kept[1:]]
+    torch.testing.assert_close(averaged["model"][key], (two[0] + two[1]) / 2)
+    assert not torch.equal(two[0], two[1])
+
+    assert average.main(["--run", str(run_dir), "--last", "2", "--out", str(tmp_path / "cli.pt")]) == 0
+    cli = load_checkpoint(tmp_path / "cli.pt")
+    assert all(torch.equal(v, averaged["model"][k]) for k, v in cli["model"].items())
+    assert average.main(["--run", str(run_dir), "--last", "4", "--out", str(tmp_path / "x.pt")]) == 1
+    assert "kept only 3 epochs" in capsys.readouterr().err
+    words = load_captioner(run_dir / AVERAGED_CHECKPOINT).caption([str(next((tmp_path / "data").rglob("*.png")))],
+                                                                   beam=2)[0]["words"]
+    assert isinstance(words, list)
