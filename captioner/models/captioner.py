@@ -2,9 +2,10 @@
 
 A pure module: it knows neither the ``Config`` nor the ``Vocab``; it takes the special token ids
 it needs, and ``captioner/api.py`` builds it from a config (``build_model``) and turns its token ids
-into words. The split mirrors timm's ``forward_features`` / head: ``encoder.backbone_features``
-is the frozen, cacheable part; ``prepare_grid`` (projection + self-attention) and the decoder are
-what training updates.
+into words. The split mirrors timm's ``forward_features`` / head: ``encoder.cache_features`` is the
+frozen, cacheable part (the whole backbone, or its bottom below fine-tuned blocks); ``prepare_rows`` (the
+fine-tuned top blocks, if any, then ``prepare_grid``: projection + self-attention) and the decoder are what
+training updates. Images and cached rows take the same path (``encode``, ``grid_from``).
 """
 
 from __future__ import annotations
