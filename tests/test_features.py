@@ -178,10 +178,14 @@ def test_too_many_unreadable_images_stop_extraction(tmp_path, encoder):
                          max_failure_share=0.1, progress=False)
 
 
-def test_fine_tuned_encoder_is_not_cached(tmp_path):
+def test_fine_tuned_encoder_caches_the_activations_below_its_trained_blocks(tmp_path):
+    """What a fine-tuned encoder's cache holds is tested in tests/test_split_cache.py; here: the rows are the
+    bottom's, not the grid, and the cache is keyed by the split."""
     tuned = build_encoder("efficientnet_lite0", pretrained=False, input_size=SIZE, stage=2, finetune_blocks=1)
-    with pytest.raises(FeatureCacheError, match="finetune_blocks"):
-        extract_features(tuned, make_images(tmp_path / "images", 1), tmp_path / "cache", progress=False)
+    cache = extract_features(tuned, make_images(tmp_path / "images", 1), tmp_path / "cache", progress=False,
+                             num_workers=0)
+    assert cache.fingerprint == tuned.cache_fingerprint() and "split" in cache.fingerprint
+    assert cache.shape == (1, 16, tuned.cache_shape[2])
 
 
 def test_cache_dir_for():
@@ -213,8 +217,14 @@ def test_extract_command(tmp_path, monkeypatch, capsys):
     (directory,) = (tmp_path / "features").iterdir()
     index = json.loads((directory / "index.json").read_text())
     assert index["grid_hw"] == [4, 4] and index["dim"] == 40 and set(index["rows"]) == {"id0", "id1", "id2"}
-    assert extract.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 1
-    assert "cannot be cached" in capsys.readouterr().err
+    # a fine-tuned encoder caches the activations below its trained block, in a directory of its own
+    assert extract.main(argv + ["--set", "model.encoder.finetune_blocks=1"]) == 0
+    assert "activations below the trained blocks 4x4x40" in capsys.readouterr().out
+    split = [d for d in (tmp_path / "features").iterdir() if d != directory]
+    assert len(split) == 1
+    index = json.loads((split[0] / "index.json").read_text())
+    assert index["fingerprint"]["split"] == {"finetune_blocks": 1, "cached_hw": [4, 4], "cached_dim": 40}
+    assert set(index["rows"]) == {"id0", "id1", "id2"}
 
 
 def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path, monkeypatch, capsys):

@@ -201,7 +201,8 @@ def is_cheap(args: list[str], parsed: argparse.Namespace | None) -> bool:
     if command == "config":
         return True
     if command == "caption" and parsed is not None:
-        named = [str(p) for p in parsed.images] + ([parsed.checkpoint] if parsed.checkpoint else [])
+        models = parsed.checkpoint or []  # several (an ensemble) since --model may repeat
+        named = [str(p) for p in parsed.images] + ([models] if isinstance(models, str) else list(models))
         return not any(_absent_in_a_clone(p) for p in named)
     return False
 

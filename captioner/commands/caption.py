@@ -151,8 +151,10 @@ def _load(args: argparse.Namespace):
     from captioner.checkpoint import CheckpointError
     from captioner.models.ensemble import describe_ensemble
 
-    try:  # None: the shipped model; a list of one: that model
-        model = load_captioner(args.checkpoint, device=args.device, ensemble_attention=args.ensemble_attention)
+    models = args.checkpoint or []
+    source = models[0] if len(models) == 1 else (models or None)  # None: the shipped model; several: an ensemble
+    try:
+        model = load_captioner(source, device=args.device, ensemble_attention=args.ensemble_attention)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"captioner caption: {err}", file=sys.stderr)
         return None
