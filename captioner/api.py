@@ -8,9 +8,9 @@ knows, the vocabulary and the resolved config, and ``caption()``, which turns im
 their per-word attention (Xu et al. 2015, §5.4's visualisations). ``load_captioner`` returns the
 model together with its preprocessing (``model.transform``), as CLIP's ``load`` does.
 
-Loading sits on top of the modules that know where models live: checkpoints (captioner/checkpoint.py),
-Hub-style model folders (captioner/hub.py: the format, read and written) and the shipped models
-(captioner/zoo.py: the catalogue). Those import nothing from here; this module builds the models they
+Loading sits on top of the modules that know where models live: checkpoints (captioner/store/checkpoint.py),
+Hub-style model folders (captioner/store/hub.py: the format, read and written) and the shipped models
+(captioner/store/zoo.py: the catalogue). Those import nothing from here; this module builds the models they
 describe (``load_model_folder``, ``load_shipped``) and writes them (``export_model``).
 """
 
@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from captioner import zoo
-from captioner.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
+from captioner.store import zoo
+from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
 from captioner.config import Config, EncoderConfig, config_from_dict
 from captioner.data.vocab import Vocab
-from captioner.hub import (hub_model_folder, is_model_folder, load_folder_weights, looks_like_repo_id,
+from captioner.decoding.options import DecodeOptions
+from captioner.store.hub import (hub_model_folder, is_model_folder, load_folder_weights, looks_like_repo_id,
                            read_model_folder, save_model_folder)
 from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
@@ -40,26 +41,17 @@ from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
 class CaptionsInWords:
     """What turns a captioner's token ids into words, shared by one model (``ImageCaptioner``) and an ensemble
     (``ImageCaptionerEnsemble``): ``words`` and ``caption``. Needs ``self.vocab`` and a Captioner's decoding
-    (``transform``, ``encode``, ``decode_mode``, ``generate``, ``grid_hw``, ``device``)."""
+    (``transform``, ``encode``, ``decode_options``, ``generate``, ``grid_hw``, ``device``)."""
 
     def words(self, hyp: Any) -> list[str]:
         """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
         return self.vocab.decode(hyp.tokens, keep_unk=True)
 
     @torch.no_grad()
-    def caption(
-        self,
-        images: Sequence[Any],
-        beam: int = 3,
-        attention_mode: str | None = None,
-        max_length: int | None = None,
-        n_best: int = 1,
-        length_penalty: float | None = None,
-        forbid_unk: bool = True,
-        block_trigrams: bool | None = None,
-    ) -> list[dict]:
-        """Caption PIL images or image paths (``forbid_unk``: no <unk> in the captions, the default here;
-        ``block_trigrams``: no trigram twice in a caption, default the config's ``eval.block_trigrams``).
+    def caption(self, images: Sequence[Any], options: DecodeOptions | None = None, **settings: Any) -> list[dict]:
+        """Caption PIL images or image paths, decoded with ``options`` (default: the model's, from its config's
+        eval section, with <unk> forbidden: captions here are for people) and then ``settings``, any
+        DecodeOptions field given by name (``caption(images, beam=5, n_best=3)``).
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
         ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
@@ -68,6 +60,8 @@ class CaptionsInWords:
         """
         from captioner.data.images import load_image
 
+        base = options if options is not None else self.decode_options.replace_given(forbid_unk=True)
+        options = base.replace_given(**settings)  # generate checks them against the model
         pil = [load_image(im) if isinstance(im, (str, Path)) else im for im in images]
         if not pil:
             return []
@@ -76,13 +70,10 @@ class CaptionsInWords:
         try:
             batch = torch.stack([self.transform(im) for im in pil]).to(self.device)  # (B, 3, S, S)
             grid = self.encode(batch)  # (B, L, D)
-            mode = self.decode_mode(attention_mode)
-            hyps = self.generate(grid, beam_size=beam, max_length=max_length, attention_mode=attention_mode,
-                                 n_best=n_best, length_penalty=length_penalty, forbid_unk=forbid_unk,
-                                 block_trigrams=block_trigrams)
+            hyps = self.generate(grid, options)
         finally:
             self.train(was_training)
-        return [self._result(per_image, grid.size(1), mode) for per_image in hyps]
+        return [self._result(per_image, grid.size(1), options.attention_mode) for per_image in hyps]
 
     def _result(self, per_image: list[Any], locations: int, mode: str) -> dict:
         best = per_image[0]
@@ -107,10 +98,10 @@ class ImageCaptioner(CaptionsInWords, Captioner):
 
     What ``build_model`` and ``load_captioner`` return: an ``nn.Module`` (training updates it, its
     state dict is the Captioner's) whose ``caption`` speaks words. ``shipped_name`` is set when it is
-    one of the models shipped with the package (captioner/zoo.py); ``pretrained_backbone`` says whether
+    one of the models shipped with the package (captioner/store/zoo.py); ``pretrained_backbone`` says whether
     its backbone holds the installed pretrained weights (a model folder then leaves them out).
     ``save_pretrained`` / ``from_pretrained`` are the ecosystem's names for writing and reading a
-    Hub-style model folder (captioner/hub.py).
+    Hub-style model folder (captioner/store/hub.py).
     """
 
     def __init__(self, encoder: Encoder, decoder: CaptionDecoder, vocab: Vocab, config: Config,
@@ -123,7 +114,7 @@ class ImageCaptioner(CaptionsInWords, Captioner):
         self.pretrained_backbone = has_installed_backbone(config)
 
     def save_pretrained(self, directory: str | Path, **card: Any) -> Path:
-        """Write this model as a Hub-style folder (``captioner.hub.save_model_folder``: ``name``, ``dtype``,
+        """Write this model as a Hub-style folder (``captioner.store.hub.save_model_folder``: ``name``, ``dtype``,
         ``scores``, ``dataset``); ``load_captioner(directory)`` reads it back."""
         return save_model_folder(self, directory, **card)
 
@@ -183,12 +174,6 @@ def has_installed_backbone(cfg: Config) -> bool:
     return cfg.model.encoder.pretrained and cfg.model.encoder.finetune_blocks == 0
 
 
-def decode_max_length(cfg: Config) -> int:
-    """The most words a decoded caption may have: ``eval.max_length``, or when that is 0, the
-    longest caption training saw (``data.max_length``)."""
-    return cfg.eval.max_length or cfg.data.max_length
-
-
 def reads_cached_grids(cfg: Config) -> bool:
     """Whether training and evaluation read the feature cache (``data.use_cache``) rather than running the
     encoder on images: decided here only. A frozen encoder's cache holds its grids; a fine-tuned one's holds
@@ -236,8 +221,7 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
     decoder = build_decoder(kind, vocab_size=len(vocab), feature_dim=encoder.out_dim, pad_id=vocab.pad_id,
                             **{name: value for name, value in settings.items() if name in takes})
     return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=decoder.attention_kind,
-                          attention_mode=cfg.eval.attention_mode, max_length=decode_max_length(cfg),
-                          length_penalty=cfg.eval.length_penalty, block_trigrams=cfg.eval.block_trigrams)
+                          decode_options=DecodeOptions.from_config(cfg))
 
 
 def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device: str = "cpu",
@@ -277,8 +261,8 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCapt
     """Rebuild one captioner from
 
     - nothing, or a shipped model's name (``"flickr8k"``): the pretrained model shipped with the package
-      (captioner/zoo.py);
-    - a model folder (model.safetensors + config.json + README.md: ``captioner export``, captioner/hub.py);
+      (captioner/store/zoo.py);
+    - a model folder (model.safetensors + config.json + README.md: ``captioner export``, captioner/store/hub.py);
     - a hub model id, ``"owner/name"``, that is not a path: that model folder from huggingface_hub's local
       cache, downloaded there first unless the hub is offline (``HF_HUB_OFFLINE=1``);
     - a checkpoint file, or a run directory holding best.pt / last.pt.
@@ -317,7 +301,7 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCapt
 
 
 def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptioner:
-    """The captioner in a Hub-style model folder (captioner/hub.py), in float32, eval mode, on ``device``. The
+    """The captioner in a Hub-style model folder (captioner/store/hub.py), in float32, eval mode, on ``device``. The
     weights file must have the SHA-256 config.json records and the installed encoder the fingerprint it records."""
     cfg, vocab, tensors, meta = read_model_folder(directory)
     model = build_model(cfg, vocab)

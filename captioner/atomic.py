@@ -6,7 +6,7 @@ model's JSON and weights, ``evaluate --out``, the demo's summary, ...) goes thro
 are fsync'ed, and ``os.replace`` swaps it onto the target, then the directory is fsync'ed so the rename
 survives a power cut. A crash, a kill or a full disk mid-write leaves the previous file intact; a killed
 write can leave its temp file behind (a dot file not ending in the target's suffix: safe to delete).
-Checkpoints have their own writer with the same steps (captioner/checkpoint.py).
+Checkpoints have their own writer with the same steps (captioner/store/checkpoint.py).
 """
 
 from __future__ import annotations

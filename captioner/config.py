@@ -26,7 +26,7 @@ import yaml
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 from captioner.names import (ATTENTION_NAMES, DATA_FORMATS, DECODER_ARGUMENTS, DECODER_KINDS, GATES,
-                             HARD_DECODING_MODES, HARD_ESTIMATORS, OPTIMIZERS, SCORER_NAMES, SPLITS, WANDB_MODES)
+                             DECODING_MODES, HARD_ESTIMATORS, OPTIMIZERS, SCORER_NAMES, SPLITS, WANDB_MODES)
 
 
 class ConfigError(ValueError):
@@ -190,9 +190,9 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
     log_every: int = 50
-    tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/tblog.py
+    tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/training/tblog.py
     tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)
-    wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/wblog.py
+    wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/training/wblog.py
     num_threads: int = 0  # 0 = torch default
     fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
     # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`
@@ -242,7 +242,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
     "eval.split": SPLITS,
-    "eval.attention_mode": HARD_DECODING_MODES,
+    "eval.attention_mode": DECODING_MODES,
 }
 POSITIVE = (
     "data.max_length", "data.shapes.image_size", "model.encoder.input_size",

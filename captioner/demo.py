@@ -33,37 +33,34 @@ def sample_photo(name: str):
     return Image.fromarray(np.asarray(array)[..., :3]).convert("RGB")
 
 
-def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS, beam: int = 3) -> list[dict]:
-    """Caption scikit-image's photographs with the shipped model; write each photo and its overlay."""
+def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS) -> list[dict]:
+    """Caption scikit-image's photographs with the shipped model, as `captioner caption` does (its config's
+    decoding); write each photo and its overlay."""
     from captioner.api import load_captioner
-    from captioner.visualize import overlay_attention
+    from captioner.visualize import save_overlay
 
     model = load_captioner()  # the shipped Flickr8k model
     out_dir.mkdir(parents=True, exist_ok=True)
     images = [sample_photo(n) for n in names]
     results = []
-    for name, image, out in zip(names, images, model.caption(images, beam=beam)):
+    for name, image, out in zip(names, images, model.caption(images)):
         image.save(out_dir / f"{name}.png")  # lossless: `captioner caption` on it gives the same caption
-        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
-        target = out_dir / f"{name}_attention.png"
-        fig.savefig(target, dpi=80, bbox_inches="tight")
+        target = save_overlay(image, out, out_dir / f"{name}_attention.png")
         results.append({"photo": name, "caption": out["caption"], "overlay": str(target)})
     return results
 
 
-def caption_records(model, records: Sequence, overlay_dir: Path, beam: int) -> list[dict]:
-    """Caption data set images (one batched beam search), write their overlays, print each beside its
-    first reference; returns {image, caption, reference, overlay} per image."""
+def caption_records(model, records: Sequence, overlay_dir: Path) -> list[dict]:
+    """Caption data set images (one batched search, the model's config's decoding), write their overlays, print
+    each beside its first reference; returns {image, caption, reference, overlay} per image."""
     from captioner.data.images import load_image
-    from captioner.visualize import overlay_attention
+    from captioner.visualize import save_overlay
 
     overlay_dir.mkdir(parents=True, exist_ok=True)
     captions = []
     images = [load_image(record.path) for record in records]
-    for record, image, out in zip(records, images, model.caption(images, beam=beam)):
-        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
-        target = overlay_dir / f"{Path(record.path).stem}.png"
-        fig.savefig(target, dpi=80, bbox_inches="tight")
+    for record, image, out in zip(records, images, model.caption(images)):
+        target = save_overlay(image, out, overlay_dir / f"{Path(record.path).stem}.png")
         captions.append({"image": str(record.path), "caption": out["caption"], "reference": record.raw[0],
                          "overlay": str(target)})
         print(f"      {Path(record.path).name}: {out['caption']!r}  (reference: {record.raw[0]!r})")
@@ -75,7 +72,7 @@ def ensure_checkpoint(config: str | Path, run_dir: str | Path, overrides: Sequen
 
     The notebook uses this to load the demo checkpoint, or to train one quickly when there is none.
     """
-    from captioner.train import train
+    from captioner.training.loop import train
 
     run_dir = Path(run_dir)
     if not (run_dir / "best.pt").exists():

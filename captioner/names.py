@@ -5,7 +5,7 @@ valid ones) without importing the models, the data readers or torch: ``captioner
 module and nothing else of the package. The code that behaves differently per name owns the behaviour:
 
 - plain tuples are defined here once and imported by that code under the same names
-  (``models/attention.py``: HARD_DECODING_MODES, ``losses.py``: HARD_ESTIMATORS, ``optim.py``: OPTIMIZERS,
+  (``models/attention.py``: DECODING_MODES, ``losses.py``: HARD_ESTIMATORS, ``optim.py``: OPTIMIZERS,
   ``wblog.py``: MODES, ``data/datasets.py``: SPLITS, ``models/decoders/show_attend_tell.py``: GATES);
 - registries of classes or functions stay beside their code and are checked against their tables here by
   tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
@@ -22,8 +22,9 @@ from __future__ import annotations
 SCORER_NAMES = ("additive", "dot", "scaled_dot", "bilinear")
 # models/attention.py: ATTENTIONS
 ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
-# models/attention.py: how a hard-attention model may decode
-HARD_DECODING_MODES = ("expectation", "argmax", "sample")
+# decoding/options.py: how a model may read while decoding (one vocabulary: "expectation" is the soft read;
+# "argmax" and "sample" read one cell per word); models/attention.py adds the training-only "gumbel"
+DECODING_MODES = ("expectation", "argmax", "sample")
 # models/decoders/show_attend_tell.py: the beta gate of Sec. 4.2.1 (scalar, as in the paper), per channel, or none
 GATES = ("scalar", "vector", "none")
 # models/decoders: DECODERS, and the constructor arguments of each kind (config field names equal them:

@@ -220,3 +220,13 @@ def save_attention_gif(
     path.parent.mkdir(parents=True, exist_ok=True)
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
     return path
+
+
+def save_overlay(image: Image.Image | np.ndarray, result: dict, target: Path, note: str | None = None) -> Path:
+    """Write one caption's overlay as a PNG at ``target``: ``result`` is a dict of ``ImageCaptioner.caption``
+    (words, alphas, grid_hw, and the cell read per word, ``locations``, outlined when present); ``note`` is a
+    line under the panels. What `captioner caption --attention-out` and the demo write."""
+    fig = overlay_attention(image, result["words"], result["alphas"], result["grid_hw"],
+                            chosen=result.get("locations"), note=note)
+    fig.savefig(target, dpi=80, bbox_inches="tight")
+    return Path(target)

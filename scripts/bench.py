@@ -234,8 +234,8 @@ def _train_worker(config: str, attentions: list[str], quick: bool, device: str, 
     """
     import resource
 
-    from captioner.losses import hard_attention_loss, soft_attention_loss
-    from captioner.optim import build_optimizer
+    from captioner.training.losses import hard_attention_loss, soft_attention_loss
+    from captioner.training.optim import build_optimizer
 
     torch.set_num_threads(threads)
     s = _sizes(config, quick)
@@ -318,7 +318,7 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
     """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each;
     with_baseline: also the plain implementation's (scripts/baseline.py: one image at a time), the two
     alternating, and the median of the paired time ratios."""
-    from captioner.search import beam_search, greedy_search
+    from captioner.decoding.search import beam_search, greedy_search
 
     torch.set_num_threads(threads)
     s = _sizes(config, quick)
@@ -454,9 +454,9 @@ SCST_QUICK = dict(grid=2, feature_dim=24, vocab=50, images=2, samples=3, max_len
 def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: bool = False) -> dict:
     """One SCST step (sampling with gradients, CIDEr-D reward, backward, Adam) against a cross-entropy step
     on the same number of captions, and the reward's share of the SCST step."""
-    from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
-    from captioner.optim import build_optimizer
-    from captioner.rewards import CiderD
+    from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
+    from captioner.training.optim import build_optimizer
+    from captioner.training.rewards import CiderD
 
     torch.set_num_threads(threads)
     s = {**SIZES, **SCST_SIZES, **(SCST_QUICK if quick else {})}

@@ -48,7 +48,7 @@ def _setting(blocks: int, batch: int, words: int = 12) -> dict:
 
 def _step(s: dict) -> float:
     """Seconds of one training step."""
-    from captioner.losses import sequence_cross_entropy
+    from captioner.training.losses import sequence_cross_entropy
 
     start = time.perf_counter()
     model, captions = s["model"], s["captions"]

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--photo", default="astronaut", help="one of scikit-image's photos (captioner.demo)")
     parser.add_argument("--word", default="shirt", help="show this word's overlay (the first word if absent)")
     parser.add_argument("--checkpoint", default=None, help="default: the shipped model")
-    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--beam", type=int, default=None, help="default: the model's eval.beam_size")
     parser.add_argument("--attention-mode", default=None, choices=("expectation", "argmax", "sample"))
     args = parser.parse_args(argv)
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
@@ -101,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from captioner.api import load_captioner
     from captioner.demo import sample_photo
-    from captioner.serve import create_app, serve_in_background
+    from captioner.serving.server import create_app, page_options, serve_in_background
 
     model = load_captioner(args.checkpoint)
     label = f"{model.shipped_name} (shipped)" if getattr(model, "shipped_name", None) else str(args.checkpoint)
-    app = create_app(model, beam=args.beam, attention_mode=args.attention_mode, model_label=label)
+    options = page_options(model).replace_given(beam=args.beam, attention_mode=args.attention_mode)
+    app = create_app(model, options.replace_given(n_best=options.beam), model_label=label)
     with tempfile.TemporaryDirectory() as tmp, serve_in_background(app) as url:
         photo = Path(tmp) / f"{args.photo}.png"
         sample_photo(args.photo).save(photo)

@@ -20,7 +20,7 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     """A run directory holding best.pt of a randomly initialised smoke-config model."""
     import torch
 
-    from captioner.checkpoint import save_checkpoint
+    from captioner.store.checkpoint import save_checkpoint
     from captioner.config import config_to_dict, load_config
     from captioner.data.vocab import Vocab
     from captioner.api import build_model

@@ -1,5 +1,5 @@
 """Numeric command-line options out of range are refused before any work, with argparse's message naming
-the flag and the value (captioner/arguments.py): `evaluate --beam 0` used to fall back to the checkpoint's
+the flag and the value (captioner/commands/arguments.py): `evaluate --beam 0` used to fall back to the checkpoint's
 beam and `--max-images -5` to drop the last five images, both silently."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def test_evaluate_beam_and_max_images_reach_the_run(smoke_checkpoint, tmp_path, 
 
     seen = {}
 
-    def fake_evaluate_model(model, records, beam_size, **kwargs):
-        seen.update(beam=beam_size, images=len(records))
+    def fake_evaluate_model(model, records, options, **kwargs):
+        seen.update(beam=options.beam, images=len(records))
         return {"scores": {}, "n_images": len(records)}
 
     monkeypatch.setattr(evaluate, "evaluate_model", fake_evaluate_model)
@@ -48,3 +48,58 @@ def test_evaluate_beam_and_max_images_reach_the_run(smoke_checkpoint, tmp_path, 
     code = evaluate.main(["--checkpoint", str(smoke_checkpoint), "--data-root", str(tmp_path / "shapes"),
                           "--split", "val", "--beam", "2", "--max-images", "3", "--no-cache", "--tokenizer", "simple"])
     assert code == 0 and seen == {"beam": 2, "images": 3}
+
+
+SEARCH_FIELDS = ("beam", "attention_mode", "max_length", "length_penalty", "block_trigrams")
+
+
+def test_caption_evaluate_and_serve_decode_with_the_models_config_when_no_flag_is_given(tmp_path, monkeypatch):
+    """One DecodeOptions per decode, from the model's config (eval.*) in the same way for the three commands;
+    what differs is each command's own default, named: <unk> is forbidden in captions for people (caption,
+    serve) and the page lists every hypothesis of the beam (serve)."""
+    pytest.importorskip("fastapi")
+    from PIL import Image
+
+    import captioner.api
+    import captioner.commands.evaluate as evaluate
+    import captioner.commands.serve as serve
+    import captioner.data.datasets as datasets
+    from captioner.api import build_model
+    from captioner.commands.caption import main as caption
+    from captioner.config import load_config
+    from captioner.data.vocab import Vocab
+    from captioner.decoding.options import DecodeOptions
+
+    cfg = load_config("smoke", ["eval.beam_size=2", "eval.max_length=7", "eval.length_penalty=0.5",
+                                "eval.block_trigrams=true", "model.attention.attention=hard",
+                                "eval.attention_mode=argmax"])
+    model = build_model(cfg, Vocab.build([["a", "red", "circle"]]))
+    seen: dict[str, DecodeOptions] = {}
+    monkeypatch.setattr(captioner.api, "load_captioner", lambda *a, **kw: model)
+    monkeypatch.setattr(model, "caption", lambda images, options: seen.setdefault("caption", options) and [])
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    assert caption([str(tmp_path / "x.png")]) == 0
+
+    monkeypatch.setattr(evaluate, "load_captioner", lambda *a, **kw: model)
+    monkeypatch.setattr(datasets, "load_records", lambda data, split: [])
+    monkeypatch.setattr(evaluate, "cached_grids", lambda model, records: None)
+    monkeypatch.setattr(evaluate, "format_table", lambda result, split: "")
+    monkeypatch.setattr(evaluate, "evaluate_model",
+                        lambda model, records, options, **kw: seen.setdefault("evaluate", options) and {})
+    assert evaluate.main(["--checkpoint", "unused", "--tokenizer", "simple"]) == 0
+
+    monkeypatch.setattr(serve, "create_app", lambda model, options, **kw: seen.setdefault("serve", options))
+    monkeypatch.setattr("uvicorn.run", lambda *a, **kw: None)
+    assert serve.main([]) == 0
+
+    expected = DecodeOptions.from_config(cfg)
+    assert (expected.beam, expected.max_length, expected.length_penalty) == (2, 7, 0.5)  # not the defaults
+    for command, options in seen.items():
+        assert {f: getattr(options, f) for f in SEARCH_FIELDS} == {f: getattr(expected, f) for f in SEARCH_FIELDS}, command
+    assert sorted(seen) == ["caption", "evaluate", "serve"]
+    assert [seen[c].forbid_unk for c in ("caption", "evaluate", "serve")] == [True, False, True]
+    assert [seen[c].n_best for c in ("caption", "evaluate", "serve")] == [1, 1, 2]
+    # and a flag wins over the config in each
+    monkeypatch.setattr(model, "caption", lambda images, options: seen.__setitem__("caption", options) or [])
+    assert caption([str(tmp_path / "x.png"), "--beam", "4", "--no-block-trigrams"]) == 0
+    assert (seen["caption"].beam, seen["caption"].block_trigrams, seen["caption"].max_length) == (4, False, 7)

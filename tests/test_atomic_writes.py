@@ -42,7 +42,7 @@ def test_save_config_is_atomic(tmp_path):
 
 def test_metrics_log_and_vocabulary_are_atomic(tmp_path):
     from captioner.data.vocab import Vocab
-    from captioner.train import _write_metrics
+    from captioner.training.loop import _write_metrics
 
     with file_events() as events:
         _write_metrics(tmp_path / "metrics.jsonl", [{"epoch": 1}, {"epoch": 2}])
@@ -54,7 +54,7 @@ def test_metrics_log_and_vocabulary_are_atomic(tmp_path):
 
 def test_export_writes_its_model_folder_atomically(tmp_path, smoke_checkpoint):
     from captioner.api import export_model, load_captioner
-    from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+    from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
     folder = tmp_path / "tiny"
     with file_events() as events:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.checkpoint import (AVERAGED_CHECKPOINT, CheckpointError, average_checkpoints, epoch_snapshots,
+from captioner.store.checkpoint import (AVERAGED_CHECKPOINT, CheckpointError, average_checkpoints, epoch_snapshots,
                                   load_checkpoint, save_checkpoint)
 from captioner.commands import average
 from captioner.config import ConfigError, load_config
@@ -68,7 +68,7 @@ def test_a_run_keeps_its_epochs_and_averages_the_last_ones(tmp_path, capsys):
     """Three smoke epochs: three weights-only snapshots, averaged.pt the mean of the last two (the same as
     `captioner average --run RUN --last 2`), and the averaged model loads and captions."""
     from captioner.api import load_captioner
-    from captioner.train import train
+    from captioner.training.loop import train
 
     run_dir = train(load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
                                         "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=3",

@@ -128,7 +128,7 @@ def test_scst_bench_reports_the_reward_share(one_thread):
                                          ("key_value", "additive"), ("multi_head", "scaled_dot")])
 def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, one_thread):
     from captioner.models.decoders import FastShowAttendTellDecoder
-    from captioner.search import beam_search
+    from captioner.decoding.search import beam_search
 
     torch.manual_seed(0)
     dec = FastShowAttendTellDecoder(30, 12, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,
@@ -137,7 +137,7 @@ def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, 
         dec.out.bias[2] += 2.0  # <end> likelier: images finish at different steps and leave the batch
     grid = torch.randn(8, 6, 12)
     calls = []
-    mode = "argmax" if kind == "hard" else "soft"
+    mode = "argmax" if kind == "hard" else "expectation"
 
     def step(tokens, state):
         calls.append(tokens.shape[0])

@@ -66,7 +66,7 @@ def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode
     grid = model.prepare_grid(torch.randn(3, H * W, model.encoder.backbone_dim))
     reads = _spy_reads(model, monkeypatch)
     with torch.no_grad():
-        hyps = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode=mode)
+        hyps = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode=mode)
     for b, (hyp,) in enumerate(hyps):
         n = len(hyp.tokens)
         assert n >= 3 and hyp.alphas.shape == (n, H * W)
@@ -86,7 +86,7 @@ def test_hard_beam_search_and_caption_carry_locations(vocab):
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
     with torch.no_grad():
-        hyps = model.generate(grid, beam_size=3, n_best=2, max_length=5, min_length=2, attention_mode="argmax")
+        hyps = model.generate(grid, beam=3, n_best=2, max_length=5, min_length=2, attention_mode="argmax")
     for hyp in (h for per_image in hyps for h in per_image):
         assert hyp.alphas.shape == (len(hyp.tokens), H * W)
         assert hyp.locations == hyp.alphas.argmax(1).tolist()  # carried through the beams' reordering
@@ -103,7 +103,7 @@ def _crafted_step(end_first: float, word_first: float, end_after: float, word_af
     "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a" ``word_after``;
     everything else is (nearly) impossible."""
 
-    def step(tokens, state, attention_mode="soft", dense=True):
+    def step(tokens, state, attention_mode="expectation", dense=True):
         N = tokens.shape[0]
         log_probs = torch.full((N, 8), -50.0)
         at_start = tokens == 1
@@ -124,58 +124,60 @@ def _tiny_vocab():
 @pytest.mark.parametrize("length_penalty, expected", [(0.0, []), (1.0, ["a"])])
 def test_eval_length_penalty_reaches_generate_and_the_decode_loop(length_penalty, expected, monkeypatch):
     """Raw scores: "<end>" -1.0 beats "a <end>" -1.2; per word (penalty 1) -0.6 beats -1.0."""
-    from captioner.decode import decode_batches
+    from captioner.decoding.batches import decode_batches
 
     model = build_model(load_config(SMOKE, [f"eval.length_penalty={length_penalty}"]), _tiny_vocab()).eval()
     monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-1.0, -0.6, -0.6))
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
-    hyps = model.generate(grid, beam_size=3)
+    hyps = model.generate(grid, beam=3)
     assert [model.vocab.decode(per_image[0].tokens) for per_image in hyps] == [expected, expected]
     # The decode loop behind `captioner evaluate` and validation uses the model's value...
-    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], beam_size=3))
+    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], model.decode_options.replace_given(beam=3)))
     assert words == expected
     # ...and an explicit value (`captioner evaluate/caption --length-penalty`) wins.
     other = [] if expected else ["a"]
-    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], beam_size=3,
-                                           length_penalty=1.0 - length_penalty))
+    explicit = model.decode_options.replace_given(beam=3, length_penalty=1.0 - length_penalty)
+    ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], explicit))
     assert words == other
 
 
 def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
     model = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=0"]), _tiny_vocab()).eval()
-    assert model.max_length == 7
+    assert model.decode_options.max_length == 7
     monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-5.0, -0.1, -5.0, -0.1))
     # The crafted model prefers "a" to <end> at every step: the caption uses the whole allowance.
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
-    (per_image,) = model.generate(grid, beam_size=1)
+    (per_image,) = model.generate(grid, beam=1)
     assert len(per_image[0].tokens) == 7
     explicit = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=3"]), _tiny_vocab())
-    assert explicit.max_length == 3
+    assert explicit.decode_options.max_length == 3
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_eval_block_trigrams_reaches_generate_and_the_decode_loop(beam, monkeypatch):
     """The crafted model prefers "a" to <end> at every step: "a a a a a" (max_length 5) repeats the trigram
     "a a a"; with eval.block_trigrams the fourth "a" is banned and the caption ends."""
-    from captioner.decode import decode_batches
+    from captioner.decoding.batches import decode_batches
 
     off = build_model(load_config(SMOKE, ["eval.max_length=5"]), _tiny_vocab()).eval()
     on = build_model(load_config(SMOKE, ["eval.max_length=5", "eval.block_trigrams=true"]), _tiny_vocab()).eval()
-    assert (off.block_trigrams, on.block_trigrams) == (False, True)
+    assert (off.decode_options.block_trigrams, on.decode_options.block_trigrams) == (False, True)
     H, W = on.grid_hw
     grid = on.prepare_grid(torch.randn(2, H * W, on.encoder.backbone_dim))
     for model in (off, on):
         monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-5.0, -0.1, -5.0, -0.1))
     looping, blocked = ["a"] * 5, ["a"] * 3
-    assert [off.vocab.decode(h[0].tokens) for h in off.generate(grid, beam_size=beam)] == [looping, looping]
-    assert [on.vocab.decode(h[0].tokens) for h in on.generate(grid, beam_size=beam)] == [blocked, blocked]
+    assert [off.vocab.decode(h[0].tokens) for h in off.generate(grid, beam=beam)] == [looping, looping]
+    assert [on.vocab.decode(h[0].tokens) for h in on.generate(grid, beam=beam)] == [blocked, blocked]
     # The decode loop behind `captioner evaluate` and validation uses the model's value...
-    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], beam_size=beam))
+    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], on.decode_options.replace_given(beam=beam)))
     assert words == blocked
     # ...and an explicit value (`captioner evaluate/caption --block-trigrams / --no-block-trigrams`) wins.
-    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], beam_size=beam, block_trigrams=False))
+    ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])],
+                                           on.decode_options.replace_given(beam=beam, block_trigrams=False)))
     assert words == looping
-    ((_, _, words),) = list(decode_batches(off, [(["img"], grid[:1])], beam_size=beam, block_trigrams=True))
+    ((_, _, words),) = list(decode_batches(off, [(["img"], grid[:1])],
+                                           off.decode_options.replace_given(beam=beam, block_trigrams=True)))
     assert words == blocked

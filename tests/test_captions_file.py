@@ -13,7 +13,7 @@ from PIL import Image
 from captioner.config import ConfigError, load_config
 from captioner.data.captions_file import random_splits
 from captioner.data.datasets import DataError, load_records
-from captioner.train import train
+from captioner.training.loop import train
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 180, 30), "yellow": (230, 220, 40)}

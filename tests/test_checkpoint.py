@@ -1,4 +1,4 @@
-"""Tests for captioner/checkpoint.py: bit-exact round trip, atomic save under SIGKILL,
+"""Tests for captioner/store/checkpoint.py: bit-exact round trip, atomic save under SIGKILL,
 clear errors for missing / truncated / corrupted / foreign / newer files, refusal of
 crafted pickles (no code runs), refusal to save unloadable payloads, and state-dict /
 vocabulary compatibility messages that name the offending key."""
@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from captioner.checkpoint import (
+from captioner.store.checkpoint import (
     DIGEST_KEY,
     FORMAT_VERSION,
     CheckpointError,
@@ -149,7 +149,7 @@ _WRITER = textwrap.dedent(
     """
     import sys, torch
     torch.set_num_threads(1)
-    from captioner.checkpoint import save_checkpoint
+    from captioner.store.checkpoint import save_checkpoint
     path = sys.argv[1]
     data = torch.empty(16 * 1024 * 1024)  # 64 MB of float32: a save takes long enough to be hit mid-write
     for i in range(1000000):

@@ -167,8 +167,8 @@ def test_choices_are_the_model_code_tables():
     from captioner.models.attention import ATTENTIONS
     from captioner.models.decoders import DECODERS, GATES, REFERENCES, decoder_arguments
     from captioner.models.scorers import SCORERS
-    from captioner.optim import OPTIMIZERS
-    from captioner.wblog import MODES as WANDB_MODES
+    from captioner.training.optim import OPTIMIZERS
+    from captioner.training.wblog import MODES as WANDB_MODES
 
     assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
     assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
@@ -182,7 +182,7 @@ def test_choices_are_the_model_code_tables():
     assert GATES == CHOICES["model.decoder.gate"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
     assert names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
-    assert names.HARD_DECODING_MODES == CHOICES["eval.attention_mode"]
+    assert names.DECODING_MODES == CHOICES["eval.attention_mode"]
 
 
 # Every key an objective does not read, by (attention, objective, estimator): set to a non-default value,

@@ -64,7 +64,7 @@ def test_teacher_forced_loss_falls(kind, one_thread):
     captions = torch.cat([torch.ones(32, 1, dtype=torch.long), top, torch.full((32, 1), 2)], dim=1)
     lengths = torch.full((32,), 4)
     opt = torch.optim.Adam(dec.parameters(), lr=1e-2)
-    mode = "sample" if kind == "hard" else "soft"
+    mode = "sample" if kind == "hard" else "expectation"
     losses = []
     for _ in range(50):
         out = dec(grid, captions, lengths, attention_mode=mode)
@@ -82,7 +82,7 @@ def test_teacher_forced_loss_falls(kind, one_thread):
 def test_step_reproduces_teacher_forced_logits(kind, scorer, gate):
     dec = make(kind, scorer, gate, dropout=0.5).eval()
     grid, captions, lengths = batch()
-    mode = "expectation" if kind == "hard" else "soft"
+    mode = "expectation"
     with torch.no_grad():
         out = dec(grid, captions, lengths, attention_mode=mode)
         state = dec.init_state(grid)
@@ -103,7 +103,7 @@ def test_fast_step_reproduces_the_reference_teacher_forcing(kind):
     ref = make(kind, dropout=0.5, cls=ShowAttendTellDecoder).eval()
     ref.load_state_dict(dec.state_dict())
     grid, captions, lengths = batch()
-    mode = "argmax" if kind == "hard" else "soft"
+    mode = "argmax" if kind == "hard" else "expectation"
     with torch.no_grad():
         with fast_paths.reference():
             out = ref(grid, captions, lengths, attention_mode=mode)
@@ -122,7 +122,7 @@ def test_padding_does_not_change_real_steps(kind):
     dec = make(kind).eval()
     grid, captions, lengths = batch()
     padded = F.pad(captions, (0, 3), value=0)  # (B, T + 3)
-    mode = "expectation" if kind == "hard" else "soft"
+    mode = "expectation"
     with torch.no_grad():
         a = dec(grid, captions, lengths, attention_mode=mode)
         b = dec(grid, padded, lengths, attention_mode=mode)
@@ -174,11 +174,11 @@ def test_hard_argmax_is_deterministic_and_soft_reads_one_cell_on_request():
         assert a.log_probs is not None
         soft = make("soft").eval()  # the same weights as hard (same seed, same parameters)
         assert torch.equal(soft(grid, captions, lengths, "expectation").logits,
-                           soft(grid, captions, lengths, "soft").logits)
+                           soft(grid, captions, lengths, "expectation").logits)
         # asked for argmax, a soft model reads the arg-max cell as the hard one does, not its soft read
         one_cell = soft(grid, captions, lengths, "argmax")
         assert torch.equal(one_cell.logits, a.logits)
-        assert not torch.allclose(one_cell.logits, soft(grid, captions, lengths, "soft").logits)
+        assert not torch.allclose(one_cell.logits, soft(grid, captions, lengths, "expectation").logits)
 
 
 def test_bad_arguments_name_valid_choices():

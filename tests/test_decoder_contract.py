@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.losses import scst_baseline, scst_loss, soft_attention_loss
+from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
 from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders import DECODERS, CaptionDecoder, DecoderOutput, build_decoder, decoder_arguments
-from captioner.search import beam_search, greedy_search
+from captioner.decoding.search import beam_search, greedy_search
 from captioner.visualize import overlay_attention
 
 KINDS = sorted(DECODERS)
@@ -44,7 +44,7 @@ def batch(b: int = 4, t: int = 8, seed: int = 0):
 
 def _step_fn(dec: CaptionDecoder):
     def step(tokens, state):
-        log_probs, alpha, location, state = dec.step_with_location(tokens, state, "soft", dense=False)
+        log_probs, alpha, location, state = dec.step_with_location(tokens, state, "expectation", dense=False)
         return log_probs, (alpha, location), state
     return step
 
@@ -120,7 +120,7 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
     grid = torch.randn(2, L, D)
     k = 3
     # SCST samples the words of a soft model and reads softly (SelfCritical.sample_mode)
-    sample = dec.sample(grid, k, START, END, max_length=5, forbid_ids=(3,), attention_mode="soft")
+    sample = dec.sample(grid, k, START, END, max_length=5, forbid_ids=(3,), attention_mode="expectation")
     N = 2 * k
     assert sample.tokens.shape == sample.word_log_probs.shape and sample.tokens.shape[0] == N
     assert sample.alphas.shape == (*sample.tokens.shape, L)
@@ -137,7 +137,7 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
     # greedy sampling (SCST's greedy baseline) decodes what greedy search decodes
     dec.eval()
     with torch.no_grad():
-        drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True, attention_mode="soft")
+        drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True, attention_mode="expectation")
         greedy = greedy_search(_step_fn(dec), dec.init_state(grid), batch_size=2, start_id=START, end_id=END,
                                max_length=5, forbid_ids=(PAD, START))
     for row, hyp in zip(drawn.tokens.tolist(), greedy):

@@ -55,7 +55,7 @@ def test_evaluate_json(demo_run, capsys):
     assert cli(["evaluate", "--checkpoint", str(run_dir), "--split", "val", "--beam", "2", "--no-meteor",
                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["split"] == "val" and result["beam_size"] == 2 and result["attention_mode"] == "soft"
+    assert result["split"] == "val" and result["beam_size"] == 2 and result["attention_mode"] == "expectation"
     assert result["scores"]["METEOR"] is None  # skipped, reported as unavailable rather than 0
     for name in ("BLEU-1", "BLEU-4", "ROUGE-L"):
         assert 0.0 <= result["scores"][name] <= 100.0
@@ -99,8 +99,8 @@ def test_training_beats_the_untrained_model(demo_run):
     from captioner import load_captioner
     from captioner.api import build_model
     from captioner.data.datasets import load_records
-    from captioner.distributed import seed_everything
-    from captioner.evaluate import cached_grids, evaluate_model
+    from captioner.training.distributed import seed_everything
+    from captioner.evaluation.split import cached_grids, evaluate_model
 
     _, run_dir = demo_run
     trained = load_captioner(run_dir)
@@ -111,7 +111,7 @@ def test_training_beats_the_untrained_model(demo_run):
     scores = {}
     for name, model in (("trained", trained), ("untrained", untrained)):
         with torch.no_grad():
-            result = evaluate_model(model, records, beam_size=2, cache=cached_grids(model, records), meteor=False,
+            result = evaluate_model(model, records, model.decode_options.replace_given(beam=2), cache=cached_grids(model, records), meteor=False,
                                     progress=False)
         scores[name] = result["scores"]
     assert scores["trained"]["CIDEr-D"] >= scores["untrained"]["CIDEr-D"] + 10.0, scores

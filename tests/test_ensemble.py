@@ -13,7 +13,7 @@ from PIL import Image
 
 from captioner import fast_paths
 from captioner.api import ImageCaptionerEnsemble, build_model, load_captioner
-from captioner.checkpoint import CheckpointError, save_checkpoint
+from captioner.store.checkpoint import CheckpointError, save_checkpoint
 from captioner.config import config_to_dict, load_config
 from captioner.data.vocab import Vocab
 from captioner.models.ensemble import ATTENTION_SHOWN, ATTENTION_SHOWN_WORDS, CaptionerEnsemble
@@ -51,7 +51,7 @@ def backbone_grid(model, batch: int = 3, seed: int = 0) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_forced(member, grid: torch.Tensor, tokens: list[int], finished: bool, mode: str = "soft"):
+def teacher_forced(member, grid: torch.Tensor, tokens: list[int], finished: bool, mode: str = "expectation"):
     """One image's member log-probs of ``tokens`` (then <end> when ``finished``) and alphas, stepping the member
     densely."""
     state = member.decoder.init_state(member.prepare_grid(grid))
@@ -82,14 +82,14 @@ def test_two_copies_of_a_model_decode_as_that_model(smoke_checkpoint, beam):
     assert isinstance(twice, ImageCaptionerEnsemble) and len(twice.members) == 2
     grid = backbone_grid(single, batch=4)
     with fast_paths.reference():  # the same dense log-softmax both ways: the mean of a and a is a, bit for bit
-        alone = single.generate(single.prepare_grid(grid), beam_size=beam, n_best=beam)
-        both = twice.generate(twice.grid_from(grid, images=False), beam_size=beam, n_best=beam)
+        alone = single.generate(single.prepare_grid(grid), beam=beam, n_best=beam)
+        both = twice.generate(twice.grid_from(grid, images=False), beam=beam, n_best=beam)
     for one, two in zip(alone, both):
         assert [h.tokens for h in one] == [h.tokens for h in two]
         assert [h.score for h in one] == [h.score for h in two]
         for h1, h2 in zip(one, two):
             assert torch.equal(h1.alphas, h2.alphas)
-    fast = twice.generate(grid, beam_size=beam)  # the single model reads Logits, the ensemble dense log-probs
+    fast = twice.generate(grid, beam=beam)  # the single model reads Logits, the ensemble dense log-probs
     assert [h[0].tokens for h in fast] == [h[0].tokens for h in alone]
 
 
@@ -116,8 +116,8 @@ def test_the_step_is_the_mean_of_the_members_log_probs(pair):
     grid = backbone_grid(a)
     state = ensemble.decoder.init_state(ensemble.prepare_grid(grid))
     tokens = torch.full((3,), a.start_id)
-    log_probs, alpha, location, _ = ensemble.decoder.step_with_location(tokens, state, "soft")
-    members = [m.decoder.step_with_location(tokens, m.decoder.init_state(m.prepare_grid(grid)), "soft")
+    log_probs, alpha, location, _ = ensemble.decoder.step_with_location(tokens, state, "expectation")
+    members = [m.decoder.step_with_location(tokens, m.decoder.init_state(m.prepare_grid(grid)), "expectation")
                for m in (a, b)]
     assert torch.allclose(log_probs, (members[0][0] + members[1][0]) / 2, atol=1e-6)
     assert torch.allclose(alpha, (members[0][1] + members[1][1]) / 2, atol=1e-6)
@@ -136,7 +136,7 @@ def test_decoded_captions_carry_the_mean_score_and_the_chosen_alpha(pair, attent
     a, b = pair
     ensemble = CaptionerEnsemble([a, b], attention=attention)
     grid = backbone_grid(a)
-    hyps = ensemble.generate(grid, beam_size=beam, max_length=6)
+    hyps = ensemble.generate(grid, beam=beam, max_length=6)
     for i, per_image in enumerate(hyps):
         best = per_image[0]
         reads = [teacher_forced(m, grid[i : i + 1], best.tokens, best.finished) for m in (a, b)]
@@ -151,8 +151,8 @@ def test_hard_attention_copies_give_the_cells_the_model_reads(tmp_path):
     ensemble = CaptionerEnsemble([hard, hard])
     grid = backbone_grid(hard)
     with fast_paths.reference():
-        alone = hard.generate(hard.prepare_grid(grid), beam_size=2, attention_mode="argmax")
-        both = ensemble.generate(grid, beam_size=2, attention_mode="argmax")
+        alone = hard.generate(hard.prepare_grid(grid), beam=2, attention_mode="argmax")
+        both = ensemble.generate(grid, beam=2, attention_mode="argmax")
     assert [h[0].tokens for h in alone] == [h[0].tokens for h in both]
     assert [h[0].locations for h in alone] == [h[0].locations for h in both]
     assert all(h[0].locations is not None for h in both)

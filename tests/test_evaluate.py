@@ -59,7 +59,7 @@ def test_jpeg_quality_changes_the_grids_the_encoder_gives(smoke_checkpoint, tmp_
     from PIL import Image
 
     from captioner import load_captioner
-    from captioner.evaluate import _grid_batches
+    from captioner.evaluation.split import _grid_batches
 
     rng = np.random.default_rng(0)
     arr = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: detail at every pixel
@@ -101,7 +101,7 @@ def test_jpeg_quality_is_in_the_header_and_reads_the_images(smoke_checkpoint, da
 
 def test_evaluate_model_refuses_jpeg_quality_with_a_feature_cache(smoke_checkpoint):
     from captioner import load_captioner
-    from captioner.evaluate import evaluate_model
+    from captioner.evaluation.split import evaluate_model
 
     with pytest.raises(ValueError, match="jpeg_quality=75 .*feature cache"):
         evaluate_model(load_captioner(smoke_checkpoint), [], cache=object(), jpeg_quality=75)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from captioner import fast_paths
-from captioner.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
+from captioner.training.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
 from captioner.models.decoders import FastShowAttendTellDecoder, ProjectedState, ShowAttendTellDecoder
 from captioner.models.deferred import step_weights
 
@@ -138,7 +138,7 @@ def _reference_outputs(fast: FastShowAttendTellDecoder, grid, captions, lengths,
     ref = ShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft").to(grid.dtype).eval()
     ref.load_state_dict(fast.state_dict())  # the same state_dict keys: one set of weights, two implementations
     with fast_paths.reference():
-        out = ref(grid, captions, lengths, attention_mode="argmax" if hard else "soft")  # argmax: deterministic
+        out = ref(grid, captions, lengths, attention_mode="argmax" if hard else "expectation")  # argmax: deterministic
     return ref, out.logits, out.alphas, out.mask, out.log_probs, out.entropies
 
 
@@ -199,7 +199,7 @@ def test_under_the_reference_switch_the_fast_decoder_runs_the_reference_code(att
     grid = torch.randn(3, 5, _ARGS["feature_dim"])
     captions = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0], [1, 4, 9, 2]])
     lengths = torch.tensor([4, 3, 4])
-    mode = "argmax" if attention == "hard" else "soft"
+    mode = "argmax" if attention == "hard" else "expectation"
     with fast_paths.reference():
         a, b = fast(grid, captions, lengths, mode), ref(grid, captions, lengths, mode)
         assert torch.equal(a.packed_features, b.packed_features) and torch.equal(a.rows, b.rows)
@@ -208,9 +208,9 @@ def test_under_the_reference_switch_the_fast_decoder_runs_the_reference_code(att
         step_b = ref.step(captions[:, 0], ref.init_state(grid), mode)
         assert torch.equal(step_a[0], step_b[0]) and torch.equal(step_a[1], step_b[1])
         torch.manual_seed(2)
-        sa = fast.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "soft")
+        sa = fast.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "expectation")
         torch.manual_seed(2)
-        sb = ref.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "soft")
+        sb = ref.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "expectation")
         assert torch.equal(sa.tokens, sb.tokens) and torch.equal(sa.word_log_probs, sb.word_log_probs)
     fast_out = fast(grid, captions, lengths, mode)  # switch off again: the fast path, equal to rounding
     assert not torch.equal(fast_out.rows, a.rows)  # packed time-major, not row-major: the other code ran
@@ -219,7 +219,7 @@ def test_under_the_reference_switch_the_fast_decoder_runs_the_reference_code(att
 
 def test_built_adam_matches_the_default_update():
     """build_optimizer's Adam (fused where PyTorch has it) takes the same steps as the default Adam."""
-    from captioner.optim import build_optimizer
+    from captioner.training.optim import build_optimizer
 
     g = torch.Generator().manual_seed(3)
     start = [torch.randn(40, 30, generator=g), torch.randn(30, generator=g)]
@@ -251,12 +251,12 @@ def test_keep_freed_memory_applies_on_glibc_linux():
         assert applied
 
 
-@pytest.mark.parametrize("attention,mode,gate", [("soft", "soft", "scalar"), ("hard", "argmax", "scalar"),
-                                                 ("hard", "expectation", "none"), ("key_value", "soft", "scalar")])
+@pytest.mark.parametrize("attention,mode,gate", [("soft", "expectation", "scalar"), ("hard", "argmax", "scalar"),
+                                                 ("hard", "expectation", "none"), ("key_value", "expectation", "scalar")])
 def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
     """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""
-    from captioner.search import beam_search
+    from captioner.decoding.search import beam_search
 
     torch.manual_seed(4)
     dec = FastShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
@@ -304,7 +304,7 @@ def test_inference_caches_follow_weight_updates(optimizer):
     """step() without autograd reads cached stacks of weights (the word-gate table, the h_{t-1} stack); an
     optimizer step (fused Adam's kernel leaves the tensors' version counters alone) or load_state_dict must
     invalidate them."""
-    from captioner.optim import build_optimizer
+    from captioner.training.optim import build_optimizer
 
     torch.manual_seed(5)
     dec = FastShowAttendTellDecoder(17, 8, embed_dim=6, hidden_dim=7, attention_dim=5, dropout=0.0).eval()
@@ -334,7 +334,7 @@ def test_inference_caches_follow_weight_updates(optimizer):
     torch.testing.assert_close(step_logp(), reference(), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["soft", "argmax"])  # argmax: a soft model reading one cell of projected values
+@pytest.mark.parametrize("mode", ["expectation", "argmax"])  # argmax: a soft model reading one cell of projected values
 def test_sample_without_autograd_reads_projected_values_like_the_plain_path(mode):
     """sample() expands its state like beam search; without autograd that may give a ProjectedState."""
     torch.manual_seed(6)

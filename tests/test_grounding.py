@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner.evaluate import evaluate_model
+from captioner.decoding.options import DecodeOptions
+from captioner.evaluation.split import evaluate_model
 
 GRID = (4, 4)
 INSIDE, OUTSIDE = [0, 1, 4, 5], [10, 11, 14, 15]
@@ -29,7 +30,7 @@ def spread(cells: list[int]) -> np.ndarray:
 class ScriptedModel:
     """What evaluate_model needs of an api.ImageCaptioner; image i decodes script[i] = (words, alphas, cells)."""
 
-    grid_hw, max_length, length_penalty, block_trigrams, device = GRID, 8, 1.0, False, torch.device("cpu")
+    grid_hw, device, decode_options = GRID, torch.device("cpu"), DecodeOptions(max_length=8)
 
     def __init__(self, script: list[tuple[list[str], list[np.ndarray], list[int] | None]]) -> None:
         self.script = list(script)
@@ -37,15 +38,15 @@ class ScriptedModel:
     def eval(self):
         return self
 
-    def decode_mode(self, mode):
-        return mode or "soft"
+    def check_decode_options(self, options):
+        return options
 
     def grid_from(self, inputs, images):
         return inputs
 
     prepare_grid = encode = lambda self, inputs: inputs
 
-    def generate(self, grid, **kwargs):
+    def generate(self, grid, options):
         hyps = []
         for _ in range(grid.size(0)):
             words, alphas, cells = self.script.pop(0)
@@ -76,9 +77,10 @@ def records(tmp_path):
     return out
 
 
-def _grounding(records, script, **kwargs):
-    result = evaluate_model(ScriptedModel(script), records, beam_size=1, tokenizer="simple", cache=ZeroCache(),
-                            meteor=False, metrics=("BLEU-1",), progress=False, **kwargs)
+def _grounding(records, script, attention_mode="expectation"):
+    options = DecodeOptions(beam=1, max_length=8, attention_mode=attention_mode)
+    result = evaluate_model(ScriptedModel(script), records, options, tokenizer="simple", cache=ZeroCache(),
+                            meteor=False, metrics=("BLEU-1",), progress=False)
     return result["grounding"], result.get("grounding_words")
 
 
@@ -111,7 +113,7 @@ def test_hard_attention_scores_the_cell_it_read(records):
 
 
 def test_grounding_shares_and_cells_read():
-    from captioner.metrics import cells_read, grounding_shares
+    from captioner.evaluation.metrics import cells_read, grounding_shares
 
     objects = [{"name": "circle", "box": [0, 0, 32, 32]}]
     alphas = np.stack([spread(INSIDE), spread(INSIDE), spread(OUTSIDE)])

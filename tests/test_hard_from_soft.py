@@ -14,17 +14,18 @@ import pytest
 import torch
 from torch import nn
 
-import captioner.train as train_mod
+import captioner.training.loop as train_mod
 from captioner import fast_paths
 from captioner.api import build_model, load_captioner
 from captioner.cli import main as cli_main
 from captioner.config import ConfigError, check_read_keys, config_from_dict, config_to_dict, load_config
 from captioner.data.vocab import Vocab
-from captioner.models.attention import resolve_mode
+from captioner.decoding.options import DecodeOptions
+from captioner.models.attention import check_read
 from captioner.models.decoders import FastShowAttendTellDecoder, build_decoder
 from captioner.models.decoders.contract import shared_dropout
-from captioner.scst import SelfCritical
-from captioner.train import INIT_MAY_DIFFER, _init_weights, _load_init, _require_same_sections, train
+from captioner.training.scst import SelfCritical
+from captioner.training.loop import INIT_MAY_DIFFER, _init_weights, _load_init, _require_same_sections, train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -53,7 +54,7 @@ def test_a_soft_checkpoint_starts_a_hard_model_with_its_weights(smoke_checkpoint
     payload = _load_init(str(smoke_checkpoint))  # a run directory: its best.pt
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
     assert model.decoder.stochastic
-    with caplog.at_level(logging.INFO, logger="captioner.train"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
         _init_weights(cfg, model, payload)
     _assert_same_weights(model, payload["model"])
     assert f"initialised from {smoke_checkpoint} (epoch 1); {SWITCH}" in caplog.text
@@ -86,7 +87,7 @@ def test_a_model_folder_starts_a_hard_model(smoke_checkpoint, tmp_path, caplog):
     cfg = load_config(SMOKE, [HARD, f"train.init={folder}"])
     payload = _load_init(str(folder))
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
-    with caplog.at_level(logging.INFO, logger="captioner.train"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
         _init_weights(cfg, model, payload)
     _assert_same_weights(model, load_captioner(folder).state_dict())  # the float16 weights captioning reads
     assert f"initialised from {folder} (epoch None); {SWITCH}" in caplog.text
@@ -111,7 +112,7 @@ def test_a_hard_loo_run_trains_from_a_soft_run(tmp_path, fake_scores, caplog):
                                    "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=1", *overrides])
 
     soft = train(cfg("soft"))
-    with caplog.at_level(logging.INFO, logger="captioner.train"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
         hard = train(cfg("hard", HARD, "train.hard.estimator=loo", "train.hard.samples=2", f"train.init={soft}"))
     assert SWITCH in caplog.text
     assert (hard / "best.pt").is_file()
@@ -152,7 +153,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("reference", [False, True], ids=["fast", "reference"])
-@pytest.mark.parametrize("attention,mode", [("soft", "soft"), ("hard", "argmax")])
+@pytest.mark.parametrize("attention,mode", [("soft", "expectation"), ("hard", "argmax")])
 def test_copies_of_a_caption_share_their_dropout_masks(reference, attention, mode):
     with fast_paths.reference(reference):
         shared = _copies(attention, mode, torch.tensor([0, 0, 0, 1, 1, 1]))
@@ -243,7 +244,7 @@ def _batch(model: nn.Module) -> SimpleNamespace:
     ([HARD, "train.scst.entropy_weight=0.2"], "sample", 0.2),
     ([HARD, "train.scst.entropy_weight=0", "train.hard.entropy_weight=0.01"], "sample", 0.0),
     ([HARD, "train.scst.attention_mode=argmax"], "argmax", 0.0),
-    ([], "soft", 0.0),
+    ([], "expectation", 0.0),
 ])
 def test_self_critical_reads_its_entropy_weight_from_train_scst(overrides, mode, entropy_weight):
     sc, _ = _self_critical(*overrides)
@@ -282,22 +283,29 @@ def test_xe_weight_adds_a_teacher_forced_cross_entropy():
 
 
 @pytest.mark.parametrize("mode,stochastic,one_cell,read", [
-    ("argmax", False, True, "argmax"), ("sample", False, True, "sample"), ("expectation", False, True, "soft"),
-    ("soft", False, False, "soft"), ("argmax", True, False, "argmax"), ("expectation", True, True, "expectation"),
+    ("argmax", False, True, "argmax"), ("sample", False, True, "sample"), ("expectation", False, True, "expectation"),
+    ("expectation", False, False, "expectation"), ("argmax", True, False, "argmax"),
+    ("expectation", True, True, "expectation"),
 ])
-def test_resolve_mode(mode, stochastic, one_cell, read):
-    assert resolve_mode(mode, stochastic, one_cell) == read
+def test_check_read(mode, stochastic, one_cell, read):
+    assert check_read(mode, stochastic, one_cell) == read
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sample"])
+def test_check_read_refuses_one_cell_reads_a_module_cannot_make(mode):
+    with pytest.raises(ValueError, match="cannot do"):
+        check_read(mode, stochastic=False, one_cell=False)
 
 
 def test_a_soft_model_asked_for_argmax_reads_one_cell_per_word():
     model = build_model(load_config(SMOKE), VOCAB).eval()
     assert not model.decoder.stochastic and model.decoder.one_cell
-    assert (model.decode_mode(None), model.decode_mode("argmax")) == ("soft", "argmax")
+    assert model.decode_options.attention_mode == "expectation"
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
     with torch.no_grad():
-        ((one_cell,),) = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode="argmax")
-        ((soft,),) = model.generate(grid, beam_size=1, max_length=6, min_length=3, attention_mode="expectation")
+        ((one_cell,),) = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode="argmax")
+        ((soft,),) = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode="expectation")
     assert one_cell.locations == one_cell.alphas.argmax(1).tolist()  # the cell each word read, reported
     assert soft.locations is None
 
@@ -305,10 +313,13 @@ def test_a_soft_model_asked_for_argmax_reads_one_cell_per_word():
 def test_multi_head_attention_refuses_one_cell_modes():
     model = build_model(load_config(SMOKE, ["model.attention.attention=multi_head", "model.attention.heads=2"]),
                         VOCAB)
-    assert model.decode_mode("expectation") == "soft"
+    expectation = DecodeOptions(attention_mode="expectation")
+    assert model.check_decode_options(expectation) is expectation
     for mode in ("argmax", "sample"):
         with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
-            model.decode_mode(mode)
+            model.check_decode_options(DecodeOptions(attention_mode=mode))
+        with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
+            model.generate(torch.zeros(1, 1, 1), attention_mode=mode)  # refused before the grid is read
 
 
 @pytest.mark.parametrize("reference", [False, True])

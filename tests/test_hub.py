@@ -1,4 +1,4 @@
-"""Hub-style model folders (captioner/hub.py): `captioner export` writes one, `load_captioner` and
+"""Hub-style model folders (captioner/store/hub.py): `captioner export` writes one, `load_captioner` and
 `captioner caption --model` read it from a path or, by id, from a Hugging Face cache laid out here with the hub
 offline; a damaged file is refused by name."""
 
@@ -15,7 +15,7 @@ from PIL import Image
 
 from captioner.api import ImageCaptioner, load_captioner
 from captioner.cli import main as cli_main
-from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, split_card
+from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, split_card
 
 SCORES = {"scores": {"BLEU-1": 41.5, "BLEU-4": 7.25, "METEOR": None, "ROUGE-L": 30.1, "CIDEr-D": 12.345},
           "split": "test", "beam_size": 2, "tokenizer": "ptb", "predictions": {"000001": "a red circle"}}

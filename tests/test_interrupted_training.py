@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from captioner.checkpoint import load_checkpoint
+from captioner.store.checkpoint import load_checkpoint
 
 SMOKE = str(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")
 

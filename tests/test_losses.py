@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.losses import (doubly_stochastic_penalty, hard_attention_loss, loo_hard_attention_loss,
+from captioner.training.losses import (doubly_stochastic_penalty, hard_attention_loss, loo_hard_attention_loss,
                               masked_cross_entropy, reward_to_go, soft_attention_loss, update_baseline)
 
 
@@ -254,7 +254,7 @@ def test_loo_loss_expectation_rows_and_per_word_baseline():
 
 
 def test_attention_entropy_term_is_normalised_and_weighted():
-    from captioner.losses import attention_entropy
+    from captioner.training.losses import attention_entropy
 
     L = 6
     mask = torch.tensor([[True, True, False]])

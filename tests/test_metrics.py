@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-import captioner.metrics as metrics
-from captioner.metrics import (
+import captioner.evaluation.metrics as metrics
+from captioner.evaluation.metrics import (
     CAPTION_METRICS,
     attention_grounding,
     caption_scores,
@@ -251,7 +251,7 @@ def test_attention_movement_on_crafted_alphas():
 
 
 def test_caption_diversity_counts_distinct_words_and_captions():
-    from captioner.metrics import caption_diversity
+    from captioner.evaluation.metrics import caption_diversity
 
     predictions = {
         "1": "a dog runs on the grass",

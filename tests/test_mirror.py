@@ -89,10 +89,10 @@ def test_training_with_mirror_reads_both_copies(tmp_path):
     """One epoch on the shapes smoke data with data.mirror: twice the training captions, so twice the steps."""
     import math
 
-    from captioner.checkpoint import load_checkpoint
+    from captioner.store.checkpoint import load_checkpoint
     from captioner.config import load_config
     from captioner.data.datasets import load_records
-    from captioner.train import train
+    from captioner.training.loop import train
 
     steps = {}
     for mirror in (False, True):

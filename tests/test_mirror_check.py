@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from captioner.commands.evaluate import main as evaluate
-from captioner.metrics import mirror_following
+from captioner.evaluation.metrics import mirror_following
 
 GRID = (3, 3)
 
@@ -91,7 +91,7 @@ def test_evaluate_mirror_check_reports_the_figures(smoke_checkpoint, tmp_path_fa
 
 def test_per_epoch_validation_reports_the_mirror_figures_when_asked(tmp_path):
     from captioner.config import load_config
-    from captioner.train import train
+    from captioner.training.loop import train
 
     def run(name, *extra):
         cfg = load_config("configs/smoke.yaml", [f"train.run_dir={tmp_path / name}", f"data.root={tmp_path / 'data'}",

@@ -1,8 +1,13 @@
-"""Pointer network (pointer.py): permutations, masking, sorting targets, and it learns to sort."""
+"""The pointer-network example (examples/pointer_network.py): permutations, masking, sorting targets, and it
+learns to sort."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from captioner.models.pointer import PointerNetwork, pointer_loss, sort_accuracy, sort_targets, train_sorter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # an example, not part of the package
+from pointer_network import PointerNetwork, pointer_loss, sort_accuracy, sort_targets, train_sorter
 from captioner.models.scorers import SCORERS
 
 

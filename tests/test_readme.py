@@ -156,7 +156,7 @@ def _absent_in_a_clone(value: str) -> bool:
 
 
 def _shipped_models() -> set[str]:
-    from captioner.zoo import scan_models
+    from captioner.store.zoo import scan_models
 
     return set(scan_models()[0])
 

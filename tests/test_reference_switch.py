@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import captioner.losses as losses_mod
+import captioner.training.losses as losses_mod
 from captioner import fast_paths
 from captioner.api import build_model
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.losses import hard_attention_loss, soft_attention_loss
+from captioner.training.losses import hard_attention_loss, soft_attention_loss
 from captioner.models.decoders import FastShowAttendTellDecoder
-from captioner.optim import build_optimizer
+from captioner.training.optim import build_optimizer
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 SMOKE_TRANSFORMER = SMOKE.with_name("smoke_transformer.yaml")
@@ -59,8 +59,8 @@ def _train_and_decode(model, grid, captions, lengths, hard: bool) -> dict:
         optimizer.step()
     model.eval()
     mode = "argmax" if hard else None
-    beams = model.generate(grid, beam_size=3, n_best=2, attention_mode=mode)
-    greedy = model.generate(grid, beam_size=1, attention_mode=mode)
+    beams = model.generate(grid, beam=3, n_best=2, attention_mode=mode)
+    greedy = model.generate(grid, beam=1, attention_mode=mode)
     return {"losses": torch.stack(losses), "grads": grads, "weights": dict(model.named_parameters()),
             "captions": [[h.tokens for h in hyps] for hyps in beams + greedy],
             "scores": [h.score for hyps in beams + greedy for h in hyps]}
@@ -131,7 +131,7 @@ def test_the_environment_turns_the_switch(monkeypatch):
 
 
 def test_train_fast_paths_false_trains_on_the_reference_code(tmp_path, monkeypatch):
-    import captioner.train as train_mod
+    import captioner.training.loop as train_mod
 
     seen = []
     real = train_mod.compute_loss

@@ -1,4 +1,4 @@
-"""COCO-format results (captioner/results.py): `captioner evaluate --results-file` writes them, and `captioner
+"""COCO-format results (captioner/evaluation/results.py): `captioner evaluate --results-file` writes them, and `captioner
 score` scores them, or any other system's, against Karpathy, COCO or captions-file references with the numbers
 evaluate gives."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import main as cli_main
-from captioner.results import ResultsError, read_results, results_image_id
+from captioner.evaluation.results import ResultsError, read_results, results_image_id
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.checkpoint import load_checkpoint
+from captioner.store.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.commands.train import main
-from captioner.train import train
+from captioner.training.loop import train
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 
@@ -60,7 +60,7 @@ def test_time_budget_counts_across_a_resume(data_root, tmp_path):
 
 def _falling_scores(monkeypatch):
     """Validation scores that fall every epoch, so best.pt stays at epoch 1 while last.pt moves on."""
-    import captioner.train as train_mod
+    import captioner.training.loop as train_mod
 
     calls = []
 
@@ -94,7 +94,7 @@ def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_roo
 
 def test_resume_with_another_process_count_is_refused(data_root, tmp_path, monkeypatch, capsys):
     """Resuming with more processes than were saved used to hand rank 0's RNG state to the new ranks."""
-    import captioner.train as train_mod
+    import captioner.training.loop as train_mod
 
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))
     monkeypatch.setattr(train_mod, "setup_distributed", lambda device: (0, 2, torch.device("cpu")))
@@ -108,7 +108,7 @@ def test_resume_restores_the_gradient_scaler(data_root, tmp_path, monkeypatch):
     """fp16's loss scaler (here an enabled CPU GradScaler standing in for CUDA's, with a scale that doubles
     every two steps) is saved and restored: 1 + resume + 1 epochs end with the scale, growth tracker and
     weights of 2 straight epochs. Before, the scaler was not saved and restarted from its initial scale."""
-    import captioner.train as train_mod
+    import captioner.training.loop as train_mod
 
     monkeypatch.setattr(train_mod, "_make_scaler",
                         lambda device, enabled: torch.amp.GradScaler("cpu", init_scale=2.0, growth_interval=2))

@@ -1,4 +1,4 @@
-"""The id-level CIDEr-D reward (captioner/rewards.py) against pycocoevalcap's scorer."""
+"""The id-level CIDEr-D reward (captioner/training/rewards.py) against pycocoevalcap's scorer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
-from captioner.rewards import CiderD
+from captioner.training.rewards import CiderD
 
 
 def _words(ids) -> str:

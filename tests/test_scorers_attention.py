@@ -85,13 +85,13 @@ def test_shapes_and_alpha_sums_to_one(kind, scorer, mode):
         assert out.log_prob is None and out.index is None
     # Reordering the memory (what beam search does) reorders the result.
     perm = torch.tensor([4, 2, 0, 1, 3])
-    moved = attn(query[perm], tuple(m.index_select(0, perm) for m in memory), "soft")
-    assert torch.allclose(moved.context, attn(query, memory, "soft").context[perm], atol=1e-5)
+    moved = attn(query[perm], tuple(m.index_select(0, perm) for m in memory), "expectation")
+    assert torch.allclose(moved.context, attn(query, memory, "expectation").context[perm], atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("scorer", SCORER_NAMES)
-@pytest.mark.parametrize("mode", ["soft", "sample"])
+@pytest.mark.parametrize("mode", ["expectation", "sample"])
 def test_gradients_reach_every_parameter(kind, scorer, mode):
     attn = make(kind, scorer)
     grid, query = inputs()
@@ -167,7 +167,7 @@ def test_key_value_with_identity_projections_equals_soft(scorer):
             proj.bias.zero_()
     kv.scorer.load_state_dict(soft.scorer.state_dict())
     grid, query = inputs()
-    a, b = soft(query, soft.prepare(grid), "soft"), kv(query, kv.prepare(grid), "soft")
+    a, b = soft(query, soft.prepare(grid), "expectation"), kv(query, kv.prepare(grid), "expectation")
     assert torch.allclose(a.alpha, b.alpha, atol=1e-6)
     assert torch.allclose(a.context, b.context, atol=1e-5)
 
@@ -187,7 +187,7 @@ def test_expectation_mask_reads_soft_context_with_zero_log_prob():
 def test_read_context_soft_is_expectation():
     scores = torch.randn(3, L)
     values = torch.randn(3, L, 4)
-    out = read_context(scores, values, "soft")
+    out = read_context(scores, values, "expectation")
     alpha = scores.softmax(-1)
     assert torch.allclose(out.context, (alpha.unsqueeze(-1) * values).sum(1), atol=1e-6)
     assert torch.allclose(out.entropy, -(alpha * alpha.log()).sum(-1), atol=1e-6)

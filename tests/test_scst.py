@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from captioner.losses import scst_baseline, scst_loss
+from captioner.training.losses import scst_baseline, scst_loss
 from captioner.models.decoders import FastShowAttendTellDecoder
 
 PAD, START, END = 0, 1, 2
@@ -21,7 +21,7 @@ CELLS = 2
 
 def _mode(dec) -> str:
     """What SCST samples with (SelfCritical.sample_mode): cells and words for hard attention, words for soft."""
-    return "sample" if dec.stochastic else "soft"
+    return "sample" if dec.stochastic else "expectation"
 
 
 def _decoder(kind: str) -> FastShowAttendTellDecoder:
@@ -87,7 +87,7 @@ def _estimated_gradient(dec, grid, baseline: str, k: int):
     if baseline == "greedy":
         with torch.no_grad():
             g = dec.sample(grid, 1, START, END, MAX_LEN, greedy=True,
-                           attention_mode="argmax" if dec.stochastic else "soft")
+                           attention_mode="argmax" if dec.stochastic else "expectation")
         greedy = torch.tensor([rewards[tuple(g.tokens[0, : int(g.lengths[0])].tolist())]], dtype=torch.float64)
     b = scst_baseline(r.view(1, k), baseline, greedy).reshape(-1)
     res = scst_loss(out, r, b)
@@ -126,7 +126,7 @@ def test_scst_gradient_matches_enumeration(kind, baseline):
 def test_sample_masks_after_end_and_forbids_ids():
     dec = _decoder("soft")
     grid = torch.randn(2, CELLS, 3, dtype=torch.float64)
-    out = dec.sample(grid, 50, START, END, max_length=4, forbid_ids=(3,), attention_mode="soft")
+    out = dec.sample(grid, 50, START, END, max_length=4, forbid_ids=(3,), attention_mode="expectation")
     assert out.tokens.shape[0] == 100
     assert not (out.tokens == 3).any() and not (out.tokens == START).any()
     for row, n, lp in zip(out.tokens, out.lengths, out.word_log_probs):
@@ -166,7 +166,7 @@ def test_hard_scst_gives_the_location_policy_its_entropy_bonus():
     assert bonus.loss.item() == pytest.approx(plain.loss.item() - 0.5 * mean_h.item())
     assert bonus.parts["entropy"].item() == pytest.approx(mean_h.item())
     assert dec.sample(grid, 2, START, END, max_length=3).location_entropies is not None
-    soft = _decoder("soft").sample(grid, 2, START, END, max_length=3, attention_mode="soft")
+    soft = _decoder("soft").sample(grid, 2, START, END, max_length=3, attention_mode="expectation")
     assert soft.location_entropies is None
     with pytest.raises(ValueError, match="entropy bonus"):
         scst_loss(soft, rewards[:4], baselines[:4], entropy_weight=0.5)

@@ -10,7 +10,7 @@ import pytest
 
 from captioner.config import ConfigError, load_config
 from captioner.commands.train import main
-from captioner.train import train
+from captioner.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = REPO / "configs" / "shapes.yaml"

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from captioner.search import (Hypothesis, Logits, _row_topk, _RowBans, beam_search, greedy_search, map_state,
-                              sample_search)
+from captioner.decoding.search import (Hypothesis, Logits, _row_topk, _RowBans, beam_search, greedy_search,
+                                       map_state)
 
 PAD, START, END = 0, 1, 2
 
@@ -127,16 +127,14 @@ def test_batched_beam_equals_single_image_beams(K, n_best, lp):
             same(h1, h2, exact=False)
 
 
-@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+@pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_scores_match_replay_and_state_history(search):
     m = RandomStep(seed=2, end_bias=1.5)
     B = 4
     if search == "greedy":
         out = greedy_search(m, m.init_state(B), B, START, END, max_length=8)
-    elif search == "beam":
-        out = beam_search(m, m.init_state(B), B, START, END, beam_size=4, max_length=8, n_best=4)
     else:
-        out = sample_search(m, m.init_state(B), B, START, END, max_length=8, generator=torch.Generator().manual_seed(0))
+        out = beam_search(m, m.init_state(B), B, START, END, beam_size=4, max_length=8, n_best=4)
     n_finished = 0
     for b, hyps in enumerate(out):
         for h in hyps:
@@ -199,58 +197,12 @@ def test_min_length_masks_end_and_fixes_work():
         assert all(len(h.tokens) == 6 and not h.finished for hyps in out for h in hyps)
 
 
-def test_sampling_top_k_one_equals_greedy():
-    m = RandomStep(seed=6)
-    g = greedy_search(m, m.init_state(6), 6, START, END, max_length=8)
-    s = sample_search(m, m.init_state(6), 6, START, END, max_length=8, top_k=1, temperature=0.7,
-                      generator=torch.Generator().manual_seed(1))
-    for hg, hs in zip(g, s):
-        same(hg[0], hs[0])
-
-
-def test_sampling_is_deterministic_with_a_seeded_generator():
-    m = RandomStep(seed=7, end_bias=0.0)
-
-    def run(seed, temperature=1.5):
-        out = sample_search(m, m.init_state(8), 8, START, END, max_length=8, temperature=temperature,
-                            generator=torch.Generator().manual_seed(seed))
-        return [(h[0].tokens, h[0].score) for h in out]
-
-    assert run(0) == run(0)
-    assert run(0) != run(1)
-
-
-def test_sampling_follows_the_tempered_top_k_distribution():
-    p = torch.tensor([0.0, 0.0, 0.1, 0.2, 0.3, 0.4])  # pad and start impossible
-    log_p = p.clamp_min(1e-30).log()
-
-    def step(tokens, state):
-        return log_p.repeat(tokens.size(0), 1), None, state
-
-    n = 20000
-    state = (torch.zeros(n, 1),)
-    gen = torch.Generator().manual_seed(0)
-
-    def first_words(**kw):
-        out = sample_search(step, state, n, START, END, max_length=1, generator=gen, **kw)
-        words = torch.tensor([h[0].tokens[0] if h[0].tokens else END for h in out])
-        return torch.bincount(words, minlength=6).double() / n
-
-    assert torch.allclose(first_words(), p.double(), atol=0.015)
-    tempered = p.double() ** 0.5
-    assert torch.allclose(first_words(temperature=2.0), tempered / tempered.sum(), atol=0.015)
-    freq = first_words(top_k=2)
-    assert freq[:4].sum() == 0 and freq[4] == pytest.approx(3 / 7, abs=0.015)
-
-
 def test_bad_arguments_raise():
     m = RandomStep()
     with pytest.raises(ValueError, match="batch_size"):
         beam_search(m, m.init_state(3), 4, START, END)
     with pytest.raises(ValueError, match="min_length"):
         greedy_search(m, m.init_state(2), 2, START, END, max_length=3, min_length=4)
-    with pytest.raises(ValueError, match="temperature"):
-        sample_search(m, m.init_state(2), 2, START, END, temperature=0.0)
 
 
 def reference_beam(m, image, K, max_length, lp, n_best):
@@ -316,9 +268,7 @@ def test_forbidden_ids_are_never_chosen():
     g = greedy_search(m, m.init_state(6), 6, START, END, max_length=8, forbid_ids=banned)
     b = beam_search(m, m.init_state(6), 6, START, END, beam_size=1, max_length=8, forbid_ids=banned)
     k = beam_search(m, m.init_state(6), 6, START, END, beam_size=4, max_length=8, n_best=4, forbid_ids=banned)
-    s = sample_search(m, m.init_state(6), 6, START, END, max_length=8, forbid_ids=banned, temperature=3.0,
-                      generator=torch.Generator().manual_seed(0))
-    for out in (g, b, k, s):
+    for out in (g, b, k):
         assert not any(set(h.tokens) & set(banned) for hyps in out for h in hyps)
     for hg, hb in zip(g, b):
         same(hg[0], hb[0])
@@ -386,12 +336,6 @@ def test_greedy_from_logits_equals_dense_and_equals_beam_one(banned):
     for a, b, c in zip(dense, fast, beam):
         same(a[0], b[0], exact=False)
         same(b[0], c[0], exact=False)  # rows leave the beam search as images finish: other shifts, other rounding
-    sampled = sample_search(LogitsStep(m), m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned,
-                            generator=torch.Generator().manual_seed(0))
-    reference = sample_search(m, m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned,
-                              generator=torch.Generator().manual_seed(0))
-    for a, b in zip(sampled, reference):
-        same(a[0], b[0], exact=False)
 
 
 def test_logits_best_counts_banned_words_in_the_normaliser():
@@ -538,8 +482,7 @@ def test_block_trigrams_stops_a_looping_caption_in_greedy_and_beam(logits, V):
 def test_block_trigrams_off_is_the_default_and_changes_only_looping_captions(seed):
     m = RandomStep(V=6, seed=seed, end_bias=-2.0)  # few words, long captions: some rows repeat a trigram
     common = dict(max_length=10, forbid_ids=(PAD, START))
-    for search in (greedy_search, lambda *a, **kw: beam_search(*a, beam_size=3, n_best=2, **kw),
-                   lambda *a, **kw: sample_search(*a, generator=torch.Generator().manual_seed(seed), **kw)):
+    for search in (greedy_search, lambda *a, **kw: beam_search(*a, beam_size=3, n_best=2, **kw)):
         plain = search(m, m.init_state(8), 8, START, END, **common)
         off = search(m, m.init_state(8), 8, START, END, block_trigrams=False, **common)
         for a, b in zip(plain, off):

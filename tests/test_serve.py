@@ -20,9 +20,10 @@ from captioner.api import build_model, load_captioner  # noqa: E402
 from captioner.config import load_config  # noqa: E402
 from captioner.data.vocab import Vocab  # noqa: E402
 from captioner.demo import sample_photo  # noqa: E402
-from captioner.search import normalise_score  # noqa: E402
+from captioner.decoding.search import normalise_score  # noqa: E402
 from captioner.commands.serve import main  # noqa: E402
-from captioner.serve import create_app  # noqa: E402
+from captioner.decoding.options import DecodeOptions  # noqa: E402
+from captioner.serving.server import create_app, page_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -57,14 +58,14 @@ def astronaut():
 
 @pytest.fixture(scope="module")
 def astronaut_result(shipped, astronaut):
-    client = _client(create_app(shipped, beam=3))
+    client = _client(create_app(shipped, page_options(shipped, beam=3)))
     response = client.post("/api/caption", files={"image": ("astronaut.png", _png_bytes(astronaut), "image/png")})
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def test_page_is_one_self_contained_document(shipped):
-    client = _client(create_app(shipped, beam=3, model_label="flickr8k_soft (shipped)"))
+    client = _client(create_app(shipped, page_options(shipped, beam=3), model_label="flickr8k_soft (shipped)"))
     response = client.get("/")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     page = response.text
@@ -82,7 +83,7 @@ def test_caption_json_matches_the_model(shipped, astronaut, astronaut_result):
     (direct,) = shipped.caption([astronaut], beam=3, n_best=3)
     assert out["caption"] and out["caption"] == " ".join(out["words"]) == direct["caption"]
     assert out["filename"] == "astronaut.png"
-    assert out["attention_mode"] == "soft" and out["cells"] is None
+    assert out["attention_mode"] == "expectation" and out["cells"] is None
     assert out["grid_hw"] == list(shipped.grid_hw)
 
 
@@ -96,7 +97,7 @@ def test_n_best_is_the_beam_ranked_best_first(shipped, astronaut_result):
         assert h["score"] < 0 and h["caption"] == " ".join(h["words"])
         # every caption here ended with <end>, which counts in the length
         assert h["norm_score"] == pytest.approx(normalise_score(h["score"], len(h["words"]) + 1,
-                                                                shipped.length_penalty))
+                                                                shipped.decode_options.length_penalty))
 
 
 def test_one_overlay_per_word_and_they_differ(astronaut, astronaut_result):
@@ -122,7 +123,7 @@ def _hard_model():
 def test_hard_attention_reports_the_cell_read_per_word():
     model = _hard_model()
     image = Image.new("RGB", (64, 48), (200, 30, 30))
-    client = _client(create_app(model, beam=2, attention_mode="argmax"))
+    client = _client(create_app(model, page_options(model, beam=2, attention_mode="argmax")))
     assert "hard attention (argmax decoding)" in client.get("/").text
     response = client.post("/api/caption", files={"image": ("red.png", _png_bytes(image), "image/png")})
     assert response.status_code == 200, response.text
@@ -147,7 +148,7 @@ def test_hard_attention_reports_the_cell_read_per_word():
 def test_bad_uploads_are_400_with_a_message(shipped, astronaut, filename, payload, reason):
     if payload == "truncated":
         payload = _png_bytes(astronaut)[:4000]
-    client = _client(create_app(shipped, beam=1))
+    client = _client(create_app(shipped, page_options(shipped, beam=1)))
     response = client.post("/api/caption", files={"image": (filename, payload, "image/png")})
     assert response.status_code == 400
     detail = response.json()["detail"]
@@ -155,7 +156,7 @@ def test_bad_uploads_are_400_with_a_message(shipped, astronaut, filename, payloa
 
 
 def test_missing_upload_is_400_and_oversized_413(shipped):
-    client = _client(create_app(shipped, beam=1, max_upload_bytes=1000))
+    client = _client(create_app(shipped, page_options(shipped, beam=1), max_upload_bytes=1000))
     response = client.post("/api/caption")
     assert response.status_code == 400 and "no image uploaded" in response.json()["detail"]
     big = _png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)))
@@ -166,9 +167,13 @@ def test_missing_upload_is_400_and_oversized_413(shipped):
 
 def test_create_app_checks_its_arguments(shipped):
     with pytest.raises(ValueError, match="beam"):
-        create_app(shipped, beam=0)
+        create_app(shipped, DecodeOptions(beam=0))
     with pytest.raises(ValueError, match="n_best"):
-        create_app(shipped, beam=2, n_best=3)
+        create_app(shipped, DecodeOptions(beam=2, n_best=3))
+    with pytest.raises(ValueError, match="reads one grid cell per word"):  # checked against the model once
+        create_app(build_model(load_config("smoke", ["model.attention.attention=multi_head",
+                                                     "model.attention.heads=2"]), shipped.vocab),
+                   DecodeOptions(attention_mode="argmax"))
 
 
 def test_serve_without_the_extra_says_what_to_install(monkeypatch, capsys):
@@ -217,12 +222,12 @@ def test_page_in_headless_chromium(shipped, tmp_path):
             pytest.fail(message + "; CAPTIONER_REQUIRE_BROWSER=1 requires it")
         pytest.skip(message)
     pytest.importorskip("selenium")
-    from captioner.serve import serve_in_background
+    from captioner.serving.server import serve_in_background
 
     photo = tmp_path / "astronaut.png"
     sample_photo("astronaut").save(photo)
     start = time.perf_counter()
-    with serve_in_background(create_app(shipped, beam=3)) as url:
+    with serve_in_background(create_app(shipped, page_options(shipped, beam=3))) as url:
         driver = browser.start_chromium(tmp_path / "chromium-profile")
         try:
             state = browser.caption_on_page(driver, url, photo)

@@ -1,4 +1,4 @@
-"""What `captioner serve` refuses (captioner/serve_limits.py), one test per reproduction of issue 29:
+"""What `captioner serve` refuses (captioner/serving/limits.py), one test per reproduction of issue 29:
 
 - a 9400x9400 16-bit PNG of 172 kB (2.36 GB and 5.8 s a request before) is refused from its header (400);
 - a body over the limit is answered 413 while it streams in, long before it has all arrived, and no upload is
@@ -26,11 +26,11 @@ pytest.importorskip("fastapi", reason="captioner serve needs the 'serve' extra")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import captioner.commands.serve as serve_command  # noqa: E402
-import captioner.serve as serve  # noqa: E402
+import captioner.serving.server as serve  # noqa: E402
 from captioner.api import build_model  # noqa: E402
 from captioner.config import load_config  # noqa: E402
 from captioner.data.vocab import Vocab  # noqa: E402
-from captioner.serve_limits import clean_filename, host_name  # noqa: E402
+from captioner.serving.limits import clean_filename, host_name  # noqa: E402
 from corpus import giant_16bit_png  # noqa: E402
 from file_events import file_events  # noqa: E402
 from upload_client import multipart, post  # noqa: E402
@@ -62,7 +62,7 @@ def _port(url: str) -> int:
 def test_a_16_bit_giant_is_refused_from_its_header(model):
     data = giant_16bit_png(9400, 9400)
     assert len(data) < 250_000  # the review's file was 172 kB
-    with serve.serve_in_background(serve.create_app(model, beam=1)) as url:
+    with serve.serve_in_background(serve.create_app(model, serve.page_options(model, beam=1))) as url:
         body, ctype = multipart("giant.png", data)
         answer = post(_port(url), body, ctype)
     assert answer.status == 400, answer
@@ -73,7 +73,7 @@ def test_a_16_bit_giant_is_refused_from_its_header(model):
 
 def test_an_oversized_body_is_413_while_it_streams_and_nothing_reaches_disk(model, photo):
     limit, size = 1 << 20, 64 << 20
-    app = serve.create_app(model, beam=1, max_upload_bytes=limit)
+    app = serve.create_app(model, serve.page_options(model, beam=1), max_upload_bytes=limit)
     head, ctype = multipart("big.bin", b"")
     tail = head[head.index(b"\r\n--captionerboundary--"):]
     head = head[: len(head) - len(tail)]
@@ -101,7 +101,7 @@ def test_an_oversized_body_is_413_while_it_streams_and_nothing_reaches_disk(mode
 
 
 def test_a_nul_byte_in_the_file_name_is_cleaned_not_a_500(model, photo):
-    client = TestClient(serve.create_app(model, beam=1), base_url="http://127.0.0.1")
+    client = TestClient(serve.create_app(model, serve.page_options(model, beam=1)), base_url="http://127.0.0.1")
     for raw, shown in [("x.\x00", "x."), ("../../etc/passwd\x07.png", "passwd.png"), ("\x00", "upload")]:
         body, ctype = multipart(raw, photo)
         response = client.post("/api/caption", content=body, headers={"content-type": ctype})
@@ -119,18 +119,18 @@ def test_clean_filename_and_host_name():
 
 
 def test_host_header_is_checked_against_dns_rebinding(model):
-    app = serve.create_app(model, beam=1)
+    app = serve.create_app(model, serve.page_options(model, beam=1))
     for base in ("http://127.0.0.1:7860", "http://localhost"):
         assert TestClient(app, base_url=base).get("/api/info").status_code == 200
     refused = TestClient(app, base_url="http://attacker.example:7860").get("/")
     assert refused.status_code == 400 and "'attacker.example'" in refused.json()["detail"]
     assert "--allow-host" in refused.json()["detail"]
-    allowed = serve.create_app(model, beam=1, allowed_hosts=["127.0.0.1", "lab-box"])
+    allowed = serve.create_app(model, serve.page_options(model, beam=1), allowed_hosts=["127.0.0.1", "lab-box"])
     assert TestClient(allowed, base_url="http://lab-box:7860").get("/").status_code == 200
 
 
 def test_token_is_required_when_set_and_the_page_link_sets_a_cookie(model, photo):
-    app = serve.create_app(model, beam=1, token="s3cret")
+    app = serve.create_app(model, serve.page_options(model, beam=1), token="s3cret")
     client = TestClient(app, base_url="http://127.0.0.1")
     assert client.get("/").status_code == 401
     assert client.get("/?token=wrong").status_code == 401
@@ -153,7 +153,7 @@ def test_beyond_the_queue_the_answer_is_503_at_once_with_retry_after(model, phot
         return real(*args, **kwargs)
 
     monkeypatch.setattr(serve, "caption_image", slow_caption)
-    app = serve.create_app(model, beam=1, max_in_flight=1, max_queue=1)
+    app = serve.create_app(model, serve.page_options(model, beam=1), max_in_flight=1, max_queue=1)
     body, ctype = multipart("p.png", photo)
     with serve.serve_in_background(app) as url:
         first: list = []

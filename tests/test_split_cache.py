@@ -144,7 +144,7 @@ def test_a_fine_tuned_model_captions_raw_photos_through_the_grid_it_trained_on(t
     cache's float16)."""
     from captioner.api import export_model, load_captioner
     from captioner.data.datasets import load_records
-    from captioner.train import train
+    from captioner.training.loop import train
 
     common = [f"data.root={tmp_path / 'data'}", "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=1"]
     smoke = REPO / "configs" / "smoke.yaml"

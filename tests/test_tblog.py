@@ -1,4 +1,4 @@
-"""TensorBoard logging (captioner/tblog.py): the scalars and images a person watches, and a clear
+"""TensorBoard logging (captioner/training/tblog.py): the scalars and images a person watches, and a clear
 error when asked for without the package."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config
-from captioner.distributed import TrainingError
-from captioner.tblog import open_tensorboard
-from captioner.train import train
+from captioner.training.distributed import TrainingError
+from captioner.training.tblog import open_tensorboard
+from captioner.training.loop import train
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import captioner.train as train_mod
-from captioner.checkpoint import load_checkpoint
+import captioner.training.loop as train_mod
+from captioner.store.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
 from captioner.commands.train import main
-from captioner.train import TrainingError, train
+from captioner.training.loop import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -159,7 +159,7 @@ def test_time_budget_stops_after_the_crossing_epoch(data_root, tmp_path, fake_sc
 
 
 def test_time_budget_stops_before_an_epoch_that_would_not_fit():
-    from captioner.train import _out_of_time
+    from captioner.training.loop import _out_of_time
 
     assert not _out_of_time(3600, elapsed_s=3000, last_epoch_s=500)  # 3500 s: one more fits
     assert _out_of_time(3600, elapsed_s=3200, last_epoch_s=500)  # would end at 3700 s
@@ -171,7 +171,7 @@ def test_validation_decodes_for_real_and_training_improves_it(data_root, tmp_pat
     measurably better. Measured: val loss 2.97 -> 2.09 and CIDEr-D 2.7 -> 40.1 / 39.1 in epochs 4-5
     (30.6 / 48.6 before the decoder's fast paths changed the float rounding): the thresholds leave
     room for such drift, not for a loop that stopped learning."""
-    pytest.importorskip("captioner.metrics")
+    pytest.importorskip("captioner.evaluation.metrics")
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=5"))
     log = _metrics(run)
     assert all(0.0 <= e["BLEU-4"] <= 100.0 and e["CIDEr-D"] >= 0.0 for e in log)
@@ -189,7 +189,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
     from captioner import load_captioner
     from captioner.data.datasets import load_records
     from captioner.data.features import FeatureCache, cache_dir_for
-    from captioner.evaluate import evaluate_model
+    from captioner.evaluation.split import evaluate_model
 
     seen = []
 
@@ -203,7 +203,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
     model = load_captioner(run)
     cache = FeatureCache.open(cache_dir_for(cfg.data, model.encoder.fingerprint()))
     records = load_records(cfg.data, "val")
-    result = evaluate_model(model, records, beam_size=1, cache=cache,
+    result = evaluate_model(model, records, model.decode_options.replace_given(beam=1), cache=cache,
                             meteor=False, progress=False)
     (validated,) = seen
     assert validated == result["predictions"]
@@ -212,7 +212,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
-    pytest.importorskip("captioner.metrics")
+    pytest.importorskip("captioner.evaluation.metrics")
     # Same data root as the other tests, so the data and the feature cache already exist.
     run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

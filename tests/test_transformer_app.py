@@ -59,13 +59,13 @@ def test_transformer_evaluates_captions_and_serves(transformer_run, tmp_path, ca
     from fastapi.testclient import TestClient
 
     from captioner.api import load_captioner
-    from captioner.serve import create_app
+    from captioner.serving.server import create_app, page_options
 
     model = load_captioner(run)
     assert type(model.decoder).__name__ == "TransformerDecoder"
     buffer = io.BytesIO()
     Image.open(images[0]).save(buffer, format="PNG")
-    client = TestClient(create_app(model, beam=2, forbid_unk=False), base_url="http://127.0.0.1")  # the Host check
+    client = TestClient(create_app(model, page_options(model, beam=2, forbid_unk=False)), base_url="http://127.0.0.1")  # the Host check
     response = client.post("/api/caption", files={"image": ("shape.png", buffer.getvalue(), "image/png")})
     assert response.status_code == 200, response.text
     out = response.json()

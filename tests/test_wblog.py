@@ -1,4 +1,4 @@
-"""Weights & Biases logging (captioner/wblog.py): a run with `train.wandb: offline` writes the scalars and overlay
+"""Weights & Biases logging (captioner/training/wblog.py): a run with `train.wandb: offline` writes the scalars and overlay
 images TensorBoard gets into its local run files, and asking for W&B without the package is a clear error."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config
-from captioner.distributed import TrainingError
-from captioner.train import train
-from captioner.wblog import RUN_ID_FILE, open_wandb
+from captioner.training.distributed import TrainingError
+from captioner.training.loop import train
+from captioner.training.wblog import RUN_ID_FILE, open_wandb
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 BLOCK = 32768  # W&B's run file: a LevelDB-style log of 32 KiB blocks, each record chunk behind a 7-byte header

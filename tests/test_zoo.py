@@ -1,4 +1,4 @@
-"""The shipped pretrained Flickr8k captioner (captioner/zoo.py, captioner/pretrained/): it loads offline
+"""The shipped pretrained Flickr8k captioner (captioner/store/zoo.py, captioner/pretrained/): it loads offline
 without executing code, fits its size limit, matches its model card, and says sensible things about
 real photographs (scikit-image's bundled ones, which are not in Flickr8k)."""
 
@@ -15,8 +15,8 @@ import captioner
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
 from captioner.api import export_model, load_captioner, load_shipped
-from captioner.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, card_scores, split_card
-from captioner.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models
+from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, card_scores, split_card
+from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models
 
 PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}
@@ -60,8 +60,8 @@ def test_unk_is_forbidden_by_default_and_allowed_on_request(shipped):
         saved = bias[shipped.vocab.unk_id].item()
         bias[shipped.vocab.unk_id] += 50.0
         try:
-            allowed = shipped.generate(grid, beam_size=3)[0][0].tokens
-            forbidden = shipped.generate(grid, beam_size=3, forbid_unk=True)[0][0].tokens
+            allowed = shipped.generate(grid, beam=3)[0][0].tokens
+            forbidden = shipped.generate(grid, beam=3, forbid_unk=True)[0][0].tokens
         finally:
             bias[shipped.vocab.unk_id] = saved
     assert shipped.vocab.unk_id in allowed
@@ -170,7 +170,7 @@ def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, 
     """A truncated config.json beside its weights used to make the model vanish from available_models without
     a word (the JSONDecodeError was swallowed); now the listing warns naming the file, loading the name says
     why it cannot, and `caption --list-models` prints it and exits 1."""
-    import captioner.zoo as zoo
+    import captioner.store.zoo as zoo
 
     export_model(smoke_checkpoint, tmp_path / "tiny", dtype="float32")
     export_model(smoke_checkpoint, tmp_path / "intact", dtype="float32")

@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner average (CKPT ... | --run RUN [--last K]) --out FILE`."""
     args = _parser().parse_args(argv)
-    from captioner.checkpoint import CheckpointError, average_checkpoints, epoch_snapshots, save_checkpoint
+    from captioner.store.checkpoint import CheckpointError, average_checkpoints, epoch_snapshots, save_checkpoint
 
     try:
         paths = _chosen(args, epoch_snapshots)

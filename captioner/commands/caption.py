@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from captioner.arguments import int_at_least
-from captioner.names import ENSEMBLE_ATTENTIONS, HARD_DECODING_MODES
+from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
+from captioner.names import ENSEMBLE_ATTENTIONS
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -56,19 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
     parser.add_argument("--allow-unk", action="store_true",
                         help="let captions contain <unk> (by default the search never chooses it)")
-    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
-                        help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
-    parser.add_argument("--beam", type=int_at_least(1), default=3, help="beam width (1 = greedy)")
-    parser.add_argument("--n-best", type=int_at_least(1), default=1, help="captions to print per image (<= --beam)")
-    parser.add_argument("--max-length", type=int_at_least(1), default=None,
-                        help="most words per caption (default: the checkpoint's eval.max_length, or the "
-                             "longest training caption)")
-    parser.add_argument("--length-penalty", type=float, default=None,
-                        help="beam ranking: score / length ** P (default: the checkpoint's eval.length_penalty)")
-    parser.add_argument(
-        "--attention-mode", choices=HARD_DECODING_MODES, default=None,
-        help="hard-attention decoding mode (default: the checkpoint's eval setting)",
-    )
+    add_decode_flags(parser)  # --beam, --n-best (captions printed per image), --attention-mode, ...
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
     parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
     parser.add_argument("--batch-size", type=int_at_least(1), default=16)
@@ -83,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.list_models:
-        from captioner.zoo import describe, scan_models
+        from captioner.store.zoo import describe, scan_models
 
         models, damaged = scan_models()
         for name, meta in models.items():
@@ -95,8 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if damaged else 0
     if not args.images:
         parser.error("give at least one image (or --list-models)")
-    if args.n_best > args.beam:
-        parser.error(f"argument --n-best: must be <= --beam ({args.beam}), got {args.n_best}")
 
     if args.ensemble_attention and len(args.checkpoint or []) < 2:
         parser.error("argument --ensemble-attention: needs two or more --model/--checkpoint")
@@ -106,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = _load(args)
     if model is None:
         return 2
+    options = decode_options(parser, args, model, forbid_unk=not args.allow_unk)
 
     paths, failures = expand_image_paths(args.images)
     results: list[dict] = []
@@ -122,11 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failures.append((str(path), str(err)))
         if not images:
             continue
-        outputs = model.caption(
-            images, beam=args.beam, n_best=args.n_best, max_length=args.max_length,
-            length_penalty=args.length_penalty,
-            attention_mode=args.attention_mode, forbid_unk=not args.allow_unk, block_trigrams=args.block_trigrams,
-        )
+        outputs = model.caption(images, options)
         for path, image, out in zip(batch_paths, images, outputs):
             record = {"image": str(path), **{k: v for k, v in out.items() if k != "alphas"}}
             if out_dir:
@@ -148,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _load(args: argparse.Namespace):
     """The model (an ensemble for several --model), or None after printing why it cannot be loaded."""
     from captioner.api import load_captioner
-    from captioner.checkpoint import CheckpointError
+    from captioner.store.checkpoint import CheckpointError
     from captioner.models.ensemble import describe_ensemble
 
     models = args.checkpoint or []
@@ -165,14 +148,11 @@ def _load(args: argparse.Namespace):
 
 def _write_overlay(out_dir: Path, path: Path, image, out: dict, gif: bool = False) -> Path:
     from captioner.models.ensemble import ATTENTION_SHOWN_WORDS
-    from captioner.visualize import overlay_attention, save_attention_gif
+    from captioner.visualize import save_attention_gif, save_overlay
 
-    target = out_dir / f"{path.stem}_attention.png"
     ensemble = out.get("ensemble")  # only an ensemble's results say which attention they hold
     note = None if ensemble is None else f"attention: {ATTENTION_SHOWN_WORDS[ensemble['attention']]}"
-    fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"], chosen=out.get("locations"),
-                            note=note)
-    fig.savefig(target, dpi=80, bbox_inches="tight")
+    target = save_overlay(image, out, out_dir / f"{path.stem}_attention.png", note)
     if gif and out["words"]:
         save_attention_gif(image, out["words"], out["alphas"], out["grid_hw"], out_dir / f"{path.stem}_attention.gif")
     return target

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from captioner.arguments import float_at_least, int_at_least
+from captioner.commands.arguments import float_at_least, int_at_least
 from captioner.atomic import write_text_atomic
 from captioner.config import add_config_arguments, load_config
 from captioner.demo import DEFAULT_CONFIG, caption_photos, caption_records
@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from captioner.api import load_captioner
     from captioner.data.datasets import load_records
-    from captioner.evaluate import evaluate_model, format_table
-    from captioner.train import train
+    from captioner.evaluation.split import evaluate_model, format_table
+    from captioner.training.loop import train
 
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     overrides = [f"train.run_dir={args.run_dir}", f"train.time_budget_s={args.time_budget}", *args.overrides]
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.no_photos:
         photo_dir = run_dir / "photos"
-        print(f"[0/4] real photographs, shipped Flickr8k model (beam 3) -> {photo_dir}/")
+        print(f"[0/4] real photographs, shipped Flickr8k model -> {photo_dir}/")
         try:
             for item in caption_photos(photo_dir):
                 print(f"      {item['photo']:<16} {item['caption']!r}  ({Path(item['overlay']).name})")
@@ -76,14 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("[2/4] evaluating on the test split (greedy)")
     model = load_captioner(run_dir)
     records = load_records(cfg.data, "test")
-    result = evaluate_model(model, records, beam_size=1,
+    result = evaluate_model(model, records, model.decode_options.replace_given(beam=1),
                             batch_size=cfg.eval.batch_size, meteor=not args.no_meteor)
     result["split"] = "test"
     print(format_table(result, "test"))
 
     print(f"[3/4] captioning {args.n_captions} test images with beam {cfg.eval.beam_size}, writing overlays")
     overlay_dir = run_dir / "overlays"
-    captions = caption_records(model, records[: args.n_captions], overlay_dir, beam=cfg.eval.beam_size)
+    captions = caption_records(model, records[: args.n_captions], overlay_dir)
 
     print("[4/4] summary")
     summary = {

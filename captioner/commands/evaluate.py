@@ -11,12 +11,12 @@ import sys
 from typing import Sequence
 
 from captioner.api import load_captioner
-from captioner.arguments import int_at_least
+from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
 from captioner.atomic import write_text_atomic
 from captioner.data.images import JPEG_QUALITIES
-from captioner.evaluate import cached_grids, evaluate_model, format_table
-from captioner.metrics import resolve_tokenizer
-from captioner.names import ENSEMBLE_ATTENTIONS, HARD_DECODING_MODES
+from captioner.evaluation.split import cached_grids, evaluate_model, format_table
+from captioner.evaluation.metrics import resolve_tokenizer
+from captioner.names import ENSEMBLE_ATTENTIONS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,16 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the first model's or the mean of all (default: first)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
-    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
-                        help="never let a caption repeat a trigram (default: the checkpoint's eval.block_trigrams)")
     parser.add_argument("--split", default=None, choices=("train", "val", "test"),
                         help="default: the checkpoint's eval.split")
-    parser.add_argument("--beam", type=int_at_least(1), default=None, help="beam width (default: the checkpoint's)")
-    parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None)
-    parser.add_argument("--length-penalty", type=float, default=None,
-                        help="beam ranking score / length ** P (default: the checkpoint's eval.length_penalty)")
-    parser.add_argument("--max-length", type=int_at_least(1), default=None,
-                        help="most words per caption (default: the checkpoint's eval.max_length, or data.max_length)")
+    add_decode_flags(parser, n_best=False)  # --beam, --attention-mode, --max-length, ...
     parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
                         help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
                              "simple; auto = ptb when Java is present, else treebank")
@@ -74,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ensemble_attention and not ensemble:
         parser.error("argument --ensemble-attention: needs two or more checkpoints")
 
-    from captioner.checkpoint import CheckpointError
+    from captioner.store.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
 
     try:  # a list of one: that model
@@ -86,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_root:
         cfg.data.root = args.data_root
     split = args.split or cfg.eval.split
-    beam = cfg.eval.beam_size if args.beam is None else args.beam
+    options = decode_options(parser, args, model, forbid_unk=args.forbid_unk)
     records = load_records(cfg.data, split)
     if args.max_images:
         records = records[: args.max_images]
@@ -96,19 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
     cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records)
-    result = evaluate_model(model, records, beam_size=beam, max_length=args.max_length,
-                            length_penalty=args.length_penalty, tokenizer=tokenizer, cache=cache,
-                            attention_mode=args.attention_mode, batch_size=cfg.eval.batch_size,
-                            meteor=not args.no_meteor, progress=not args.json, instances=args.instances,
-                            forbid_unk=args.forbid_unk, block_trigrams=args.block_trigrams,
-                            jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check)
+    result = evaluate_model(model, records, options, tokenizer=tokenizer, cache=cache,
+                            batch_size=cfg.eval.batch_size, meteor=not args.no_meteor, progress=not args.json,
+                            instances=args.instances, jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check)
     result["split"] = split
     if ensemble:
         result["ensemble"] = model.ensemble
     if args.out:
         write_text_atomic(args.out, json.dumps(result, indent=2))
     if args.results_file:
-        from captioner.results import write_results
+        from captioner.evaluation.results import write_results
 
         n = write_results(args.results_file, records, result["predictions"])
         print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`captioner export --checkpoint RUN DIR`: write a trained run as a Hub-style model folder (captioner/hub.py)
+"""`captioner export --checkpoint RUN DIR`: write a trained run as a Hub-style model folder (captioner/store/hub.py)
 through ``api.export_model``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _read_scores(path: Path) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner export --checkpoint RUN [--format hub] DIR [--name NAME] [--scores scores.json]`."""
-    from captioner.hub import CARD_FILE, CONFIG_FILE, DTYPES, WEIGHTS_FILE
+    from captioner.store.hub import CARD_FILE, CONFIG_FILE, DTYPES, WEIGHTS_FILE
 
     parser = argparse.ArgumentParser(
         prog="captioner export",
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset", default=None, help="the data set's name on the card (default: from the config)")
     args = parser.parse_args(argv)
     from captioner.api import export_model
-    from captioner.checkpoint import CheckpointError
+    from captioner.store.checkpoint import CheckpointError
 
     try:
         scores = _read_scores(Path(args.scores)) if args.scores else None

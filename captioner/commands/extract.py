@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from captioner.api import build_encoder_from_config
-from captioner.arguments import int_at_least
+from captioner.commands.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
 from captioner.models.encoder import EncoderWeightsError

@@ -1,10 +1,10 @@
 """`captioner score RESULTS --references FILE`: score a COCO-format results file, from this project
 (``captioner evaluate --results-file``) or any other system, against references in a Karpathy split JSON, COCO
 caption annotations or a captions file, with the metrics `captioner evaluate` reports (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D on the 0-100 scale, after coco-caption's PTB tokenizer when Java is present). captioner/results.py
+ROUGE-L, CIDEr-D on the 0-100 scale, after coco-caption's PTB tokenizer when Java is present). captioner/evaluation/results.py
 reads and matches the files.
 
-The scoring is captioner/score.py's (``score_file``, ``format_scores``); this module is the command.
+The scoring is captioner/evaluation/score.py's (``score_file``, ``format_scores``); this module is the command.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Sequence
 
 from captioner.data.records import DataError
 from captioner.names import SPLITS
-from captioner.results import ResultsError
-from captioner.score import format_scores, score_file
+from captioner.evaluation.results import ResultsError
+from captioner.evaluation.score import format_scores, score_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:

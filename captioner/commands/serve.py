@@ -1,4 +1,4 @@
-"""`captioner serve [--model M] [--host H] [--port P] [limits]`: the demo page of captioner/serve.py
+"""`captioner serve [--model M] [--host H] [--port P] [limits]`: the demo page of captioner/serving/server.py
 (``create_app``) served by uvicorn until Ctrl-C; the limits and their flags are docs/robustness.md's."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ import secrets
 import sys
 from typing import Sequence
 
-from captioner.arguments import int_at_least
-from captioner.names import HARD_DECODING_MODES
-from captioner.serve import MissingServePackages, create_app, require_serve_packages
-from captioner.serve_limits import LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES
+from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
+from captioner.serving.server import MissingServePackages, create_app, require_serve_packages
+from captioner.serving.limits import LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES
 
 TOKEN_ENV = "CAPTIONER_SERVE_TOKEN"  # `--token` without a value takes it from here (command lines are public)
 
@@ -24,13 +23,9 @@ def _parser() -> argparse.ArgumentParser:
                              "model name (default: the shipped Flickr8k model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int_at_least(1, 65535), default=7860)
-    parser.add_argument("--beam", type=int_at_least(1), default=3,
-                        help="beam width (1 = greedy); the page lists every beam")
+    add_decode_flags(parser, n_best=False)  # the page lists every beam; argmax and sample show each word's cell
     parser.add_argument("--allow-unk", action="store_true",
                         help="let captions contain <unk> (by default the search never chooses it)")
-    parser.add_argument("--attention-mode", choices=HARD_DECODING_MODES, default=None,
-                        help="hard-attention decoding mode (default: the checkpoint's eval setting); "
-                             "argmax and sample show the cell read per word")
     parser.add_argument("--device", default="cpu")
     limits = parser.add_argument_group("limits (docs/robustness.md)")
     limits.add_argument("--max-upload-mb", type=int_at_least(1), default=MAX_UPLOAD_BYTES // 2**20,
@@ -60,7 +55,8 @@ def _token(value: str | None) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner serve`: the demo page on http://HOST:PORT/ (Ctrl-C stops it)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
         require_serve_packages()
     except MissingServePackages as err:
@@ -70,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from captioner.api import load_captioner
-    from captioner.checkpoint import CheckpointError
+    from captioner.store.checkpoint import CheckpointError
 
     try:
         model = load_captioner(args.checkpoint, device=args.device)  # None: the shipped model
@@ -81,12 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
     token = _token(args.token)
     hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
-    app = create_app(model, beam=args.beam, attention_mode=args.attention_mode, forbid_unk=not args.allow_unk,
-                     model_label=label, max_upload_bytes=args.max_upload_mb * 2**20, max_pixels=args.max_pixels,
+    options = decode_options(parser, args, model, forbid_unk=not args.allow_unk)
+    options = options.replace_given(n_best=options.beam)  # the page lists every hypothesis of the beam
+    app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20, max_pixels=args.max_pixels,
                      max_in_flight=args.max_in_flight, max_queue=args.max_queue, allowed_hosts=hosts, token=token)
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
-    print(f"captioner serve: {url} ({label}, beam {args.beam}); Ctrl-C stops it", file=sys.stderr)
+    print(f"captioner serve: {url} ({label}, beam {options.beam}); Ctrl-C stops it", file=sys.stderr)
     if args.host not in LOOPBACK_HOSTS and token is None:
         print("captioner serve: listening beyond this machine without --token: anyone who can reach "
               f"{args.host}:{args.port} can use it", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.arguments import int_at_least
+from captioner.commands.arguments import int_at_least
 from captioner.data.shapes import JSON_NAME, REFERENCE_SIZE, SENTENCES_PER_IMAGE, generate_shapes
 
 

@@ -1,5 +1,5 @@
 """`captioner train --config X.yaml [--set k=v ...] [--init RUN] [--resume RUN]`: the training loop of
-captioner/train.py (``train``) from the command line, under torchrun too."""
+captioner/training/loop.py (``train``) from the command line, under torchrun too."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
-from captioner.distributed import TrainingError
-from captioner.train import train
+from captioner.training.distributed import TrainingError
+from captioner.training.loop import train
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`captioner train --config X.yaml [--set k=v ...] [--resume RUN_DIR]`."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from captioner.checkpoint import CheckpointError
+    from captioner.store.checkpoint import CheckpointError
 
     try:
         config_path = args.config

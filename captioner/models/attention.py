@@ -6,8 +6,9 @@
     hard (§4.1):  s_t ~ Multinoulli_L(alpha_t),  z_t = a_{s_t}           Eq. (8)-(9),
                   trained with REINFORCE through log p(s_t) = log alpha_t,s_t  Eq. (12)
 
-Every module reads its context in one of five explicit modes:
-    "soft" / "expectation"  the expectation sum_i alpha_i v_i (identical computations)
+Every module reads its context in one of four explicit modes (the first three are names.DECODING_MODES, the
+vocabulary every decode speaks; decoding/options.py):
+    "expectation"           the expectation sum_i alpha_i v_i: soft attention's read, and hard attention's §4.1 trick
     "sample"                one location drawn from alpha; log_prob = log alpha_s carries the
                             gradient to the scorer (the context itself does not)
     "argmax"                the most probable location (deterministic hard decoding)
@@ -35,13 +36,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner.models.scorers import build_scorer
+from captioner.names import DECODING_MODES
 
-# The one definition of the attention modes (module docstring); decoding reads these. The hard ones a run may
-# choose (eval.attention_mode, --attention-mode) are named in captioner/names.py (HARD_DECODING_MODES), below
-# the config that checks them.
-MODES = ("soft", "expectation", "sample", "argmax", "gumbel")
-ONE_CELL_MODES = ("sample", "argmax", "gumbel")  # the modes that read a single grid cell per word
+# The one definition of the attention modes (module docstring): the decoding modes, named in captioner/names.py
+# below the config that checks them (eval.attention_mode, --attention-mode), and the training-only reads.
 TRAINING_MODES = ("gumbel",)  # reads that only make sense under a training objective: decoding refuses them
+MODES = (*DECODING_MODES, *TRAINING_MODES)
+ONE_CELL_MODES = ("sample", "argmax", "gumbel")  # the modes that read a single grid cell per word
 
 
 def reads_one_cell(mode: str) -> bool:
@@ -49,30 +50,17 @@ def reads_one_cell(mode: str) -> bool:
     return mode in ONE_CELL_MODES
 
 
-def resolve_mode(mode: str, stochastic: bool, one_cell: bool = False) -> str:
-    """The mode a decoder reads in. Hard (stochastic) attention honours every mode. Soft attention is trained
-    on the expectation and decodes softly by default ("soft" / "expectation"), but asked for "argmax" or
-    "sample" it reads one cell per word when its module can (``one_cell``: the same read_context serves
-    both kinds): the baseline a hard model warm-started from it starts from. A module that cannot (the
-    multi-head one, whose heads would each pick a cell) refuses the mode rather than ignore it."""
+def check_read(mode: str, stochastic: bool, one_cell: bool = False) -> str:
+    """``mode`` once a decoder can read that way (else ValueError). Hard (stochastic) attention makes every
+    read. Soft attention is trained on the expectation, but asked for "argmax" or "sample" it reads one cell
+    per word when its module can (``one_cell``: the same read_context serves both kinds): the baseline a hard
+    model warm-started from it starts from. A module that cannot (the multi-head one, whose heads would each
+    pick a cell) refuses the mode rather than ignore it."""
     check_mode(mode)
-    if stochastic:
-        return mode
-    if not reads_one_cell(mode):
-        return "soft"
-    if not one_cell:
+    if reads_one_cell(mode) and not stochastic and not one_cell:
         raise ValueError(f"attention mode {mode!r} reads one grid cell per word, which this model's attention "
                          f"cannot do; use 'expectation' (its soft read)")
     return mode
-
-
-def check_decoding_mode(mode: str) -> None:
-    """Refuse a training-only read (TRAINING_MODES) for decoding: "gumbel" is "sample" with a relaxed gradient,
-    which a search has no use for."""
-    check_mode(mode)
-    if mode in TRAINING_MODES:
-        raise ValueError(f"attention mode {mode!r} is a training read (train.hard.estimator: gumbel); decode with "
-                         f"'expectation', 'argmax' or 'sample'")
 
 
 @dataclass
@@ -81,7 +69,7 @@ class AttentionOutput:
 
     context: (B, out_dim). alpha: (B, L), sums to one (multi-head: mean over heads).
     log_prob: (B,) log p(s) of the chosen location(s) in the one-cell modes ("sample"/"argmax"/"gumbel"; summed
-        over heads), 0 for rows under expectation_mask; None in "soft"/"expectation" modes.
+        over heads), 0 for rows under expectation_mask; None in "expectation" mode.
     entropy: (B,) entropy of alpha (summed over heads); None when called with entropy=False.
     index: (B,) chosen location in the one-cell modes ((B, M) for multi-head; -1 for rows
         under expectation_mask); None otherwise.
@@ -191,7 +179,7 @@ class SoftAttention(nn.Module):
     stochastic = False
     # Whether forward accepts G queries per memory row (query (B*G, Q), memory (B, ...)).
     grouped_queries = True
-    # Whether it can read one cell per word ("argmax"/"sample") when asked, though trained softly (resolve_mode).
+    # Whether it can read one cell per word ("argmax"/"sample") when asked, though trained softly (check_read).
     one_cell = True
 
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> None:
@@ -266,7 +254,7 @@ class MultiHeadAttention(nn.Module):
     its value subspace, and the M reads are concatenated and projected. In "sample"/"argmax" modes
     every head picks its own location; log_prob and entropy are summed over heads.
 
-    The "gumbel" read is not offered (one_cell is False: resolve_mode refuses every one-cell mode here).
+    The "gumbel" read is not offered (one_cell is False: check_read refuses every one-cell mode here).
 
     Queries come G >= 1 per memory row (grouped_queries): beam search's beams of one image, or the
     Transformer decoder's T words of one caption. ``allowed`` (G, L) bool, when given, hides the

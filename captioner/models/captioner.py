@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from captioner.models.attention import check_decoding_mode, resolve_mode
+from captioner.decoding.options import DecodeOptions
+from captioner.models.attention import check_read
 from captioner.models.decoders import CaptionDecoder, DecoderOutput
 from captioner.models.encoder import Encoder
 
@@ -53,10 +54,8 @@ class Captioner(nn.Module):
             caption, <end> ends it, <pad> and <start> are never chosen, <unk> only when allowed).
         refine: optional self-attention over the grid (identity when it has no layers).
         attention_kind: "soft", "hard", "key_value" or "multi_head" (recorded in outputs).
-        attention_mode: default decoding mode for hard attention (expectation | argmax | sample).
-        max_length: default for the most words a decoded caption may have.
-        length_penalty: default beam-search ranking exponent (score / length ** length_penalty).
-        block_trigrams: default for banning words that would repeat a trigram of their caption (search.py).
+        decode_options: how ``generate`` decodes when not told otherwise (decoding/options.py; built from the
+            config's eval section by api.build_model).
     """
 
     def __init__(
@@ -70,10 +69,7 @@ class Captioner(nn.Module):
         unk_id: int,
         refine: nn.Module | None = None,
         attention_kind: str = "soft",
-        attention_mode: str = "expectation",
-        max_length: int = 20,
-        length_penalty: float = 1.0,
-        block_trigrams: bool = False,
+        decode_options: DecodeOptions | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -81,10 +77,7 @@ class Captioner(nn.Module):
         self.refine = refine if refine is not None else nn.Identity()
         self.start_id, self.end_id, self.pad_id, self.unk_id = start_id, end_id, pad_id, unk_id
         self.attention_kind = attention_kind
-        self.attention_mode = attention_mode
-        self.max_length = max_length
-        self.length_penalty = length_penalty
-        self.block_trigrams = block_trigrams
+        self.decode_options = decode_options if decode_options is not None else DecodeOptions()
 
     @property
     def transform(self):
@@ -122,7 +115,7 @@ class Captioner(nn.Module):
         grid: torch.Tensor,
         captions: torch.Tensor,
         lengths: torch.Tensor,
-        attention_mode: str = "soft",
+        attention_mode: str = "expectation",
         expectation_mask: torch.Tensor | None = None,
         dropout_rows: torch.Tensor | None = None,
     ) -> DecoderOutput:
@@ -130,56 +123,38 @@ class Captioner(nn.Module):
         return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
                             dropout_rows=dropout_rows)
 
-    def decode_mode(self, attention_mode: str | None) -> str:
-        """The attention mode decoding uses, resolved once per decode: soft models decode softly unless asked to
-        read one cell per word ("argmax"/"sample"), which they do when their attention can (else an error).
-        Training-only reads ("gumbel") are refused."""
-        mode = attention_mode or self.attention_mode
-        check_decoding_mode(mode)
-        return resolve_mode(mode, self.decoder.stochastic, self.decoder.one_cell)
+    def check_decode_options(self, options: DecodeOptions) -> DecodeOptions:
+        """``options`` as they are, once this model can decode with them: a one-cell read ("argmax"/"sample")
+        needs attention that can read one cell (hard attention, or soft attention whose module can); the
+        multi-head module refuses it rather than ignore it (attention.check_read)."""
+        check_read(options.attention_mode, self.decoder.stochastic, self.decoder.one_cell)
+        return options
 
     @torch.no_grad()
-    def generate(
-        self,
-        grid: torch.Tensor,
-        beam_size: int = 1,
-        max_length: int | None = None,
-        attention_mode: str | None = None,
-        n_best: int = 1,
-        length_penalty: float | None = None,
-        min_length: int = 0,
-        forbid_unk: bool = False,
-        block_trigrams: bool | None = None,
-    ) -> list[list[Any]]:
-        """Decode a prepared grid (B, L, D) into n_best Hypotheses per image (token ids, no words).
+    def generate(self, grid: torch.Tensor, options: DecodeOptions | None = None, min_length: int = 0,
+                 **settings: Any) -> list[list[Any]]:
+        """Decode a prepared grid (B, L, D) into ``options.n_best`` Hypotheses per image (token ids, no words).
 
-        ``max_length`` / ``length_penalty`` / ``block_trigrams`` default to the model's (its constructor's).
-        ``forbid_unk`` never lets the search choose <unk> (for captions a person reads); ``block_trigrams``
-        never lets a caption repeat a trigram (search.py).
-        In hard attention's "sample"/"argmax" modes each Hypothesis also has ``locations``.
+        ``options`` default to the model's (``decode_options``, its config's eval section); ``settings`` replace
+        any of their fields (``DecodeOptions.replace_given``: ``generate(grid, beam=5)``). ``forbid_unk`` never
+        lets the search choose <unk> (for captions a person reads); ``block_trigrams`` never lets a caption
+        repeat a trigram (decoding/search.py). In the one-cell modes ("sample"/"argmax") each Hypothesis also
+        has ``locations``.
         """
-        from captioner.search import beam_search, greedy_search
+        from captioner.decoding.search import search
 
-        max_length = self.max_length if max_length is None else max_length
-        length_penalty = self.length_penalty if length_penalty is None else length_penalty
-        block_trigrams = self.block_trigrams if block_trigrams is None else block_trigrams
-        mode = self.decode_mode(attention_mode)
+        options = self.check_decode_options((options or self.decode_options).replace_given(**settings))
+        mode = options.attention_mode
         state = self.decoder.init_state(grid)
         def step_fn(tokens, state):
-            # alpha and, in hard attention's "sample"/"argmax" modes, the cell read (else None) per word:
-            # the search keeps both with the beams (Hypothesis.alphas / .locations)
+            # alpha and, in the one-cell modes, the cell read (else None) per word: the search keeps both with
+            # the beams (Hypothesis.alphas / .locations)
             log_probs, alpha, location, state = self.decoder.step_with_location(tokens, state, attention_mode=mode,
                                                                                 dense=False)
             return log_probs, (alpha, location), state
 
-        # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i.
-        common = dict(batch_size=grid.size(0), start_id=self.start_id, end_id=self.end_id,
-                      max_length=max_length, forbid_ids=(self.pad_id, self.start_id)
-                      + ((self.unk_id,) if forbid_unk else ()), block_trigrams=block_trigrams)
-        if beam_size == 1 and n_best == 1:
-            hyps = greedy_search(step_fn, state, min_length=min_length, **common)
-        else:
-            # expand_state keeps the attention memory at one row per image: beams share it, never copy it
-            hyps = beam_search(step_fn, state, beam_size=beam_size, length_penalty=length_penalty,
-                               n_best=n_best, min_length=min_length, expand=self.decoder.expand_state, **common)
-        return hyps
+        # <pad> and <start> are never words; forbidding them keeps word i aligned with alpha i. The beams share
+        # the attention memory at one row per image (expand_state): beam search never copies it.
+        forbid = (self.pad_id, self.start_id) + ((self.unk_id,) if options.forbid_unk else ())
+        return search(step_fn, state, options, batch_size=grid.size(0), start_id=self.start_id, end_id=self.end_id,
+                      forbid_ids=forbid, expand=self.decoder.expand_state, min_length=min_length)

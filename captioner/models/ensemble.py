@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from captioner.decoding.options import DecodeOptions
 from captioner.models.captioner import Captioner
 from captioner.names import ENSEMBLE_ATTENTIONS  # named below the command line, which offers them
 
@@ -106,7 +107,7 @@ class EnsembleSteps(nn.Module):
         """Each member expands its own state (per-image tensors may stay at B rows: search's ``expand``)."""
         return tuple(m.decoder.expand_state(s, beams) for m, s in zip(self.members, state))
 
-    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "soft",
+    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "expectation",
                            dense: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
         """One word for N rows: (the mean of the members' log-probs (N, V), the alpha shown (N, L), the first
         member's read cell (N,) or None, new state). Always dense (``dense`` is accepted for the contract):
@@ -125,9 +126,9 @@ class EnsembleSteps(nn.Module):
 
 class CaptionerEnsemble(Captioner):
     """Captioners with one backbone decoded together: a ``Captioner`` wherever decoding reads one
-    (``generate``, ``encode``, ``grid_from``, ``decode_mode``, ``transform``, ``grid_hw``), whose "prepared
+    (``generate``, ``encode``, ``grid_from``, ``check_decode_options``, ``transform``, ``grid_hw``), whose "prepared
     grid" is the shared cached rows (B, l, C): each member prepares its own inside ``generate``.
-    Decoding defaults (max_length, length_penalty, block_trigrams, attention_mode) are the first member's.
+    Decoding defaults (``decode_options``) are the first member's.
 
     Args:
         members: two or more captioners (one is allowed: it decodes as itself, through dense log-probs).
@@ -149,9 +150,7 @@ class CaptionerEnsemble(Captioner):
                 raise ValueError(f"{name}: cannot join an ensemble with {names[0]}: {reason}")
         super().__init__(first.encoder, EnsembleSteps(members, attention), start_id=first.start_id,
                          end_id=first.end_id, pad_id=first.pad_id, unk_id=first.unk_id,
-                         attention_kind=first.attention_kind, attention_mode=first.attention_mode,
-                         max_length=first.max_length, length_penalty=first.length_penalty,
-                         block_trigrams=first.block_trigrams)
+                         attention_kind=first.attention_kind, decode_options=first.decode_options)
         self.names = names
 
     @property
@@ -168,15 +167,12 @@ class CaptionerEnsemble(Captioner):
         them (EnsembleSteps.init_state), its own fine-tuned top blocks included."""
         return rows
 
-    def decode_mode(self, attention_mode: str | None) -> str:
-        """One attention mode for every member (the first member's default unless given), resolved as each
-        member would resolve it alone (a member that cannot read that way refuses, named); the first member's
-        resolution is what the ensemble reports and hands back to ``generate``."""
-        mode = attention_mode or self.attention_mode
-        resolved = []
+    def check_decode_options(self, options: DecodeOptions) -> DecodeOptions:
+        """``options`` once every member can decode with them, as each would alone (a member that cannot read
+        that way refuses, named)."""
         for name, member in zip(self.names, self.members):
             try:
-                resolved.append(member.decode_mode(mode))
+                member.check_decode_options(options)
             except ValueError as err:
                 raise ValueError(f"{name}: {err}") from None
-        return resolved[0]
+        return options

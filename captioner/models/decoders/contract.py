@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioner.models.attention import AttentionOutput, resolve_mode
-from captioner.search import Logits, map_state
+from captioner.models.attention import AttentionOutput, check_read
+from captioner.decoding.search import Logits, map_state
 
 State = Any  # a (nested) tuple of tensors whose dim 0 is the row (search.State)
 
@@ -205,23 +205,23 @@ class CaptionDecoder(nn.Module, ABC):
     @property
     def stochastic(self) -> bool:
         """True when the decoder samples where it looks (hard attention): the only kind whose decoding mode
-        matters (attention.resolve_mode)."""
+        matters (attention.check_read)."""
         return False
 
     @property
     def one_cell(self) -> bool:
-        """Whether a soft decoder can read one cell per word on request ("argmax"/"sample"; resolve_mode)."""
+        """Whether a soft decoder can read one cell per word on request ("argmax"/"sample"; check_read)."""
         return False
 
     def _mode(self, attention_mode: str) -> str:
-        return resolve_mode(attention_mode, self.stochastic, self.one_cell)
+        return check_read(attention_mode, self.stochastic, self.one_cell)
 
     def _sample_mode(self, attention_mode: str | None) -> str:
         """sample()'s mode: None reads as the decoder was trained ("sample" for hard attention, else "soft")."""
-        return self._mode(attention_mode or ("sample" if self.stochastic else "soft"))
+        return self._mode(attention_mode or ("sample" if self.stochastic else "expectation"))
 
     @abstractmethod
-    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding of captions (B, T) = <start> w_1 .. w_n <end> <pad>.. with lengths (B,) = n + 2
         over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there.
@@ -241,19 +241,20 @@ class CaptionDecoder(nn.Module, ABC):
         """``beams`` consecutive rows per image (search's ``expand``): every tensor repeated."""
         return map_state(state, lambda x: x.repeat_interleave(beams, dim=0))
 
-    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "soft",
+    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "expectation",
                            dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
         """One word for N states: (log_probs (N, V), alpha (N, L), location (N,) long or None, new state).
 
-        location is the cell read in hard attention's "sample"/"argmax" modes (in "sample" mode not
-        necessarily alpha's arg-max), else None. With ``dense=False`` the log-probs come as search.Logits
+        location is the cell read in the one-cell modes "sample"/"argmax" (in "sample" mode not necessarily
+        alpha's arg-max), else None. ``attention_mode`` is read as given: a decode checks it once
+        (Captioner.check_decode_options), not at every step. With ``dense=False`` the log-probs come as search.Logits
         (the raw logits), which the searches read without forming the (N, V) log-softmax.
         """
-        logits, read, state = self.next_logits(tokens, state, self._mode(attention_mode))
+        logits, read, state = self.next_logits(tokens, state, attention_mode)
         log_probs = F.log_softmax(logits, dim=-1) if dense else Logits(logits)
         return log_probs, read.alpha, read.index, state
 
-    def step(self, tokens: Tensor, state: State, attention_mode: str = "soft") -> tuple[Tensor, Tensor, State]:
+    def step(self, tokens: Tensor, state: State, attention_mode: str = "expectation") -> tuple[Tensor, Tensor, State]:
         """One word for N states: tokens (N,) -> (log_probs (N, V), alpha (N, L), new state)."""
         log_probs, alpha, _, state = self.step_with_location(tokens, state, attention_mode)
         return log_probs, alpha, state

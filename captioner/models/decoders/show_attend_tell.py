@@ -102,7 +102,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         state, z, read = self.recur(emb, state, attention_mode)
         return self.out(self.deep_features(emb, state[0], z)), read, state  # (N, V)
 
-    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch."""
         mode = self._mode(attention_mode)

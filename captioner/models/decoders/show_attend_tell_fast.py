@@ -36,7 +36,7 @@ from captioner.models.decoders.contract import (DecoderOutput, SampleDraws, Samp
 from captioner.models.decoders.inference_cache import InferenceCache, column_major
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
-from captioner.search import Logits
+from captioner.decoding.search import Logits
 
 
 class ProjectedState(tuple):
@@ -223,7 +223,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     # ------------------------------------------------------------------ the contract
 
-    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length."""
         if not fast_paths.enabled():
@@ -321,13 +321,13 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                 break
         return draws.output()
 
-    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "soft",
+    def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "expectation",
                            dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
         """contract.CaptionDecoder.step_with_location; without autograd a step gathers its word gates from a table
         and hands the search L_o's bias apart (search.Logits adds it as it reads the words)."""
         if not fast_paths.enabled():
             return super().step_with_location(tokens, state, attention_mode, dense)
-        mode = self._mode(attention_mode)
+        mode = attention_mode  # checked once per decode (Captioner.check_decode_options), not per step
         projected = isinstance(state, ProjectedState)
         h, c, *memory = state
         emb = self.embedding(tokens)  # (N, E)

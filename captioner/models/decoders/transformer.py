@@ -68,9 +68,9 @@ class DecoderLayer(nn.Module):
         values, keys = self.self_attention.prepare(h)  # (N, M, S, d/M) each
         if past is not None:
             values, keys = torch.cat([past[0], values], dim=2), torch.cat([past[1], keys], dim=2)  # (N, M, P+S, d/M)
-        words = self.self_attention(h.reshape(N * S, d), (values, keys), "soft", entropy=False, allowed=allowed)
+        words = self.self_attention(h.reshape(N * S, d), (values, keys), "expectation", entropy=False, allowed=allowed)
         x = x + self.dropout(words.context.view(N, S, d))
-        cross = self.cross_attention(self.cross_norm(x).reshape(N * S, d), grid, "soft", entropy=False)
+        cross = self.cross_attention(self.cross_norm(x).reshape(N * S, d), grid, "expectation", entropy=False)
         x = x + self.dropout(cross.context.view(N, S, d))
         x = x + self.dropout(self.feed_forward(self.ff_norm(x)))
         return x, (values, keys), cross
@@ -147,7 +147,7 @@ class TransformerDecoder(CaptionDecoder):
         logits = self.out(self.norm(x[:, 0]))  # (N, V)
         return logits, reads[self.overlay_layer], (grid_memory, tuple(cached))
 
-    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "soft",
+    def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward): every step at once under a causal mask.
         Its attention is soft: there are no sampled copies whose masks ``dropout_rows`` would share."""

@@ -1,4 +1,5 @@
-"""Caption search over a step function: greedy, sampling and batched beam search.
+"""Caption search over a step function: greedy and batched beam search, chosen by ``search`` from the decode's
+``DecodeOptions``.
 
 Owns inference-time decoding of Xu et al. 2015 ("Show, Attend and Tell", Sec. 4.3 and
 5.2: captions are generated with beam search, and the per-word attention maps alpha_t of
@@ -7,7 +8,7 @@ knows nothing about words or models: it drives a `StepFn` on token ids and carri
 opaque state (a possibly nested tuple of tensors whose dim 0 is the row), which it only
 expands (`repeat_interleave`) and reorders (`index_select`).
 
-Conventions shared by all three searches:
+Conventions shared by both searches:
 - `max_length` is the number of step calls, hence the most words a caption can have. A
   hypothesis that emits <end> at call t (0-based) has t words and is `finished`; one still
   running after `max_length` calls is returned with `finished=False` and `max_length` words
@@ -52,6 +53,7 @@ import torch
 from torch import Tensor
 
 from captioner import fast_paths, kernels
+from captioner.decoding.options import DecodeOptions
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
 StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
@@ -329,12 +331,12 @@ class _History:
 
 
 # ---------------------------------------------------------------------------------------
-# greedy and sampling: one path per image
+# greedy: one path per image
 
 
 def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
                         forbid_ids, choose, arg_max: bool = False, block_trigrams: bool = False):
-    """Shared loop of greedy and sampling; `choose(log_probs (B, V)) -> tokens (B,)`. With ``arg_max`` (greedy)
+    """The one-path loop; `choose(log_probs (B, V)) -> tokens (B,)`. With ``arg_max`` (greedy)
     a step's Logits give their best word directly (Logits.best)."""
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
@@ -404,45 +406,6 @@ def greedy_search(
 
     return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
                                tuple(forbid_ids), choose, arg_max=True, block_trigrams=block_trigrams)
-
-
-def sample_search(
-    step_fn: StepFn,
-    state: State,
-    batch_size: int,
-    start_id: int,
-    end_id: int,
-    max_length: int = 20,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    generator: torch.Generator | None = None,
-    *,
-    min_length: int = 0,
-    length_penalty: float = 1.0,
-    forbid_ids: Sequence[int] = (),
-    block_trigrams: bool = False,
-) -> list[list[Hypothesis]]:
-    """Ancestral sampling from softmax(log_probs / temperature), optionally restricted to the top-k words.
-
-    `top_k=0` samples from the full vocabulary; `top_k=1` equals greedy. Pass a seeded
-    `torch.Generator` on the log-probs' device for reproducible samples. The returned score
-    is the model's (untempered) log-probability of the sampled caption.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (use greedy_search for arg-max decoding), got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = no restriction), got {top_k}")
-
-    def choose(log_probs: Tensor) -> Tensor:
-        logits = log_probs / temperature  # (B, V)
-        if 0 < top_k < logits.size(1):
-            top = logits.topk(top_k, dim=1)
-            logits = torch.full_like(logits, -math.inf).scatter(1, top.indices, top.values)
-        probs = torch.softmax(logits, dim=1)  # (B, V)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-
-    return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                               tuple(forbid_ids), choose, block_trigrams=block_trigrams)
 
 
 # ---------------------------------------------------------------------------------------
@@ -689,3 +652,17 @@ def _rank(pool: list[Hypothesis], unfinished: list[Hypothesis], n_best: int) -> 
     everything = sorted(pool + unfinished, key=lambda h: -h.norm_score)  # stable: finished first on ties
     finite = [h for h in everything if math.isfinite(h.score)]
     return (finite or everything[:1])[:n_best]
+
+
+def search(step_fn: StepFn, state: State, options: DecodeOptions, *, batch_size: int, start_id: int, end_id: int,
+           forbid_ids: Sequence[int] = (), expand: Callable[[State, int], State] | None = None,
+           min_length: int = 0) -> list[list[Hypothesis]]:
+    """Decode B images with ``options`` (decoding/options.py): greedy when one hypothesis of a beam of one is
+    asked for, else the beam search. ``forbid_ids`` are token ids never chosen (the caller's <pad> and <start>,
+    and <unk> when ``options.forbid_unk``: the ids are the caller's to name, Captioner.generate)."""
+    common = dict(batch_size=batch_size, start_id=start_id, end_id=end_id, max_length=options.max_length,
+                  min_length=min_length, length_penalty=options.length_penalty, forbid_ids=tuple(forbid_ids),
+                  block_trigrams=options.block_trigrams)
+    if options.beam == 1 and options.n_best == 1:
+        return greedy_search(step_fn, state, **common)
+    return beam_search(step_fn, state, beam_size=options.beam, n_best=options.n_best, expand=expand, **common)

@@ -1,6 +1,6 @@
 """The training loop: epochs, validation by real decoding, checkpoints, exact resume, DDP.
 
-Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of captioner/losses.py:
+Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of captioner/training/losses.py:
 soft attention by backpropagation (§4.2, Eq. 14), hard attention by REINFORCE with a moving
 baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12), or by its leave-one-out or
 straight-through Gumbel-softmax estimators (``train.hard.estimator``; the last one's temperature is annealed per
@@ -12,7 +12,7 @@ epoch, losses.gumbel_temperature).
   them (no CNN in the loop: what makes CPU training fast). Fine-tuning the last blocks (``finetune_blocks > 0``,
   their own ``encoder_lr`` group) caches the activations below them and runs only the top blocks per step;
   ``data.use_cache: false`` reads images on the fly instead. The datasets and loaders are
-  captioner/train_data.py's.
+  captioner/training/inputs.py's.
 - Validation decodes greedily and scores BLEU-4 / CIDEr-D on the raw references; ``best.pt``
   follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
   validation loss is logged, never used to choose.
@@ -52,12 +52,13 @@ from captioner.atomic import write_text_atomic
 from captioner.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
 from captioner.data.datasets import CaptionDataset, build_vocab, collate_captions, mirrored_records
 from captioner.data.vocab import Vocab
-from captioner.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
+from captioner.decoding.options import DecodeOptions
+from captioner.training.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
-from captioner.train_data import epoch_loader, load_split_records, make_datasets
-from captioner.losses import (LossOutput, gumbel_attention_loss, gumbel_temperature, hard_attention_loss,
+from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
+from captioner.training.losses import (LossOutput, gumbel_attention_loss, gumbel_temperature, hard_attention_loss,
                               loo_hard_attention_loss, sequence_cross_entropy, soft_attention_loss, update_baseline)
-from captioner.optim import OPTIMIZERS, build_optimizer
+from captioner.training.optim import OPTIMIZERS, build_optimizer
 from captioner.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class _TrainForward(nn.Module):
         self.from_images = from_images
 
     def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
-                attention_mode: str = "soft", expectation_mask: torch.Tensor | None = None,
+                attention_mode: str = "expectation", expectation_mask: torch.Tensor | None = None,
                 sample: dict | None = None, rows: torch.Tensor | None = None, temperature: float | None = None):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
@@ -105,13 +106,13 @@ class _TrainForward(nn.Module):
 def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None,
                  scst: Any = None, temperature: float = 1.0) -> LossOutput:
     """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick, or the estimator
-    train.hard.estimator names; with ``scst``, a captioner.scst.SelfCritical, the self-critical objective).
+    train.hard.estimator names; with ``scst``, a captioner.training.scst.SelfCritical, the self-critical objective).
     ``temperature``: τ of the "gumbel" estimator's relaxed read (this epoch's, gumbel_temperature)."""
     if scst is not None:
         return scst.loss(forward, _bare(forward).model, batch)
     targets = batch.captions[:, 1:]  # (B, T-1)
     if not hard:
-        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="soft")
+        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation")
         return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
     h = cfg.train.hard
     B = batch.captions.shape[0]
@@ -197,9 +198,9 @@ def _load_init(init: str) -> dict:
     """train.init as a checkpoint payload: a run directory (its best.pt), a checkpoint file, or a model
     folder (a shipped model's name, or what ``captioner export`` wrote: its weights, config and vocabulary;
     the frozen backbone is the installed one, as when it captions)."""
-    from captioner.checkpoint import load_checkpoint
-    from captioner.hub import is_model_folder, read_model_folder
-    from captioner.zoo import is_shipped_name, shipped_folder
+    from captioner.store.checkpoint import load_checkpoint
+    from captioner.store.hub import is_model_folder, read_model_folder
+    from captioner.store.zoo import is_shipped_name, shipped_folder
 
     folder = shipped_folder(init) if is_shipped_name(init) else Path(init) if is_model_folder(init) else None
     if folder is None:
@@ -212,8 +213,8 @@ def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     """Start from the weights of ``train.init`` (``_load_init``), which must have been trained with the same
     data and model sections (and so the same vocabulary), except for the attention kind (INIT_MAY_DIFFER):
     a soft model may start a hard one. The state dict is checked tensor by tensor either way."""
-    from captioner.checkpoint import check_state_dict
-    from captioner.hub import load_folder_weights
+    from captioner.store.checkpoint import check_state_dict
+    from captioner.store.hub import load_folder_weights
 
     changed = _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
@@ -275,7 +276,7 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
     """BLEU-1..4, ROUGE-L, CIDEr-D on raw references, PTB-tokenized when Java is present (as
     ``captioner evaluate`` scores); METEOR only when asked (``train.val_metric: METEOR``): its JVM
     start costs seconds per validation."""
-    from captioner.metrics import caption_scores
+    from captioner.evaluation.metrics import caption_scores
 
     return caption_scores(predictions, references, meteor=meteor)
 
@@ -284,12 +285,13 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
 def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
     """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
-    from captioner.evaluate import decode_reads
-    from captioner.metrics import attention_movement, attention_sharpness, resolve_tokenizer
+    from captioner.evaluation.split import decode_reads
+    from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
 
     was_training = model.training
     model.eval()
-    mode = model.decode_mode(cfg.eval.attention_mode)
+    options = model.check_decode_options(model.decode_options.replace_given(beam=1))  # greedy, else the config's
+    mode = options.attention_mode
     try:
         total, count = 0.0, 0
         for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
@@ -306,11 +308,10 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        search = {"beam_size": 1, "attention_mode": mode, "autocast": amp}
-        predictions, reads = decode_reads(model, batches(), search)  # reads: image id -> (words, alphas, cells)
+        predictions, reads = decode_reads(model, batches(), options, autocast=amp)  # reads: id -> (words, alphas, cells)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
-        mirror = _mirror_check(model, cfg, decode_set.records, reads, search)
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, options, amp)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
@@ -322,15 +323,16 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     return result
 
 
-def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, search: dict) -> dict:
-    """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluate.mirror_figures: the
-    mirrored photos are encoded from their images, under the search's autocast), else nothing."""
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,
+                  amp: Any) -> dict:
+    """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluation/split.mirror_figures: the
+    mirrored photos are encoded from their images, under ``amp``), else nothing."""
     if not cfg.eval.mirror_check or not reads:
         return {}
-    from captioner.evaluate import mirror_figures
+    from captioner.evaluation.split import mirror_figures
 
-    with search["autocast"]():
-        return mirror_figures(model, records, reads, search, cfg.eval.batch_size)
+    with amp():
+        return mirror_figures(model, records, reads, options, cfg.eval.batch_size)
 
 
 # --------------------------------------------------------------------------- metrics log
@@ -461,7 +463,7 @@ class _EpochStats:
 def _resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config,
     the run's history and the number of processes."""
-    from captioner.checkpoint import load_checkpoint
+    from captioner.store.checkpoint import load_checkpoint
 
     if resume is None:
         return None
@@ -480,7 +482,7 @@ def _resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
     """Refuse a checkpoint older than its run's last.pt: resuming from it would rewrite the metrics log from
     its history, losing the later epochs. The message says how to branch a copy of the run from it."""
-    from captioner.checkpoint import load_checkpoint
+    from captioner.store.checkpoint import load_checkpoint
 
     latest = ckpt_file.parent / LAST_CHECKPOINT
     if not latest.is_file() or latest.samefile(ckpt_file):
@@ -540,7 +542,7 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
                                                              from_images, rank, world)
     scst = None
     if t.objective == "scst":
-        from captioner.scst import SelfCritical
+        from captioner.training.scst import SelfCritical
 
         scst = SelfCritical(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
@@ -574,7 +576,7 @@ def _open_run_dir(run: _Run) -> None:
     """Rank 0 writes config.yaml, vocab.json and the metrics log, and opens TensorBoard and W&B."""
     if not run.is_main:
         return
-    from captioner.tblog import open_run_logs
+    from captioner.training.tblog import open_run_logs
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_config(run.cfg, run.run_dir / "config.yaml")
@@ -695,7 +697,7 @@ def _select(run: _Run, entry: dict[str, Any], epoch: int, stats: _EpochStats) ->
 
 def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     """last.pt (everything an exact resume needs), best.pt when improved, the metrics log, a summary line."""
-    from captioner.checkpoint import EPOCHS_DIR, save_checkpoint
+    from captioner.store.checkpoint import EPOCHS_DIR, save_checkpoint
 
     if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
@@ -761,7 +763,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
 
 def _write_average(run_dir: Path, last: int) -> None:
     """``train.average_last``: RUN/averaged.pt, the mean of the weights of the run's last ``last`` epochs."""
-    from captioner.checkpoint import AVERAGED_CHECKPOINT, average_checkpoints, epoch_snapshots, save_checkpoint
+    from captioner.store.checkpoint import AVERAGED_CHECKPOINT, average_checkpoints, epoch_snapshots, save_checkpoint
 
     snapshots = epoch_snapshots(run_dir)[-last:]
     save_checkpoint(run_dir / AVERAGED_CHECKPOINT, average_checkpoints(snapshots))

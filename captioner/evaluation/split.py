@@ -3,12 +3,13 @@ the demo and the tests run, and ``format_table``, its report.
 
 Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
 reference captions, reported on the 0-100 scale with the split, beam width and
-decoding mode beside them. Attention grounding (captioner/metrics.py) is reported
+decoding mode beside them. Attention grounding (captioner/evaluation/metrics.py) is reported
 beside them when the data set knows object regions (the shapes boxes).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -18,11 +19,12 @@ from tqdm import tqdm
 
 from captioner.api import reads_cached_grids
 from captioner.data.images import check_jpeg_quality
-from captioner.decode import decode_batches
+from captioner.decoding.batches import decode_batches
+from captioner.decoding.options import DecodeOptions
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
 from captioner.data.datasets import MIRROR_SUFFIX
-from captioner.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
+from captioner.evaluation.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
                                caption_scores, cells_of, cells_read, grounding_shares, mirror_following,
                                resolve_tokenizer)
 
@@ -111,10 +113,7 @@ def _check_reencoding(jpeg_quality: int | None, cache: Any) -> None:
 def evaluate_model(
     model,
     records: Sequence,
-    beam_size: int = 3,
-    max_length: int | None = None,
-    attention_mode: str | None = None,
-    length_penalty: float | None = None,
+    options: DecodeOptions | None = None,
     tokenizer: str = "auto",
     batch_size: int = 32,
     cache=None,
@@ -122,8 +121,6 @@ def evaluate_model(
     metrics: Sequence[str] | None = None,
     progress: bool = True,
     instances: str | None = None,
-    forbid_unk: bool = False,
-    block_trigrams: bool | None = None,
     jpeg_quality: int | None = None,
     mirror_check: bool = False,
 ) -> dict:
@@ -137,29 +134,24 @@ def evaluate_model(
     ``vocabulary`` and ``distinct_captions`` share (metrics.caption_diversity), ``grounding`` (averaged
     over referring words; None when no record has object regions), the attention's sharpness
     (``alpha_max``, ``alpha_entropy``: see metrics.attention_sharpness), the ``predictions`` per image id,
-    the tokenizer the scores used and the decoding settings (``block_trigrams`` defaults to the model's,
-    its config's eval section; ``jpeg_quality`` is None when the images were not re-encoded).
+    the tokenizer the scores used and the decoding settings (``options``, default the model's: its config's
+    eval section; ``jpeg_quality`` is None when the images were not re-encoded).
     ``mirror_check`` also captions every photo mirrored left-right (encoded from the image) and adds
     metrics.mirror_following's figures: whether attention follows the objects or stays where it was.
     """
     _check_reencoding(jpeg_quality, cache)
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
-    mode = model.decode_mode(attention_mode)
-    max_length = model.max_length if max_length is None else max_length
-    length_penalty = model.length_penalty if length_penalty is None else length_penalty
-    block_trigrams = model.block_trigrams if block_trigrams is None else block_trigrams
+    options = model.check_decode_options(options or model.decode_options)
     tokenizer = resolve_tokenizer(tokenizer)
-    search = dict(beam_size=beam_size, max_length=max_length, attention_mode=mode, length_penalty=length_penalty,
-                  forbid_unk=forbid_unk, block_trigrams=block_trigrams)
-    bar = tqdm(total=len(records), desc=f"decode (beam {beam_size})", unit="img", disable=not progress,
+    bar = tqdm(total=len(records), desc=f"decode (beam {options.beam})", unit="img", disable=not progress,
                leave=False)
     predictions, reads = decode_reads(model, _grid_batches(model, records, batch_size, cache, bar, jpeg_quality),
-                                      search, grounding)
+                                      options, grounding)
     bar.close()
     mirror = {}
     if mirror_check:
-        mirror = mirror_figures(model, records, reads, search, batch_size, progress, jpeg_quality)
+        mirror = mirror_figures(model, records, reads, options, batch_size, progress, jpeg_quality)
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
                             **({"metrics": metrics} if metrics else {}))
@@ -176,24 +168,24 @@ def evaluate_model(
         "n_images": len(records),
         "grids": "feature cache" if cache is not None else "images",
         "jpeg_quality": jpeg_quality,
-        "beam_size": beam_size,
-        "max_length": max_length,
-        "length_penalty": length_penalty,
-        "forbid_unk": forbid_unk,
-        "block_trigrams": block_trigrams,
-        "attention_mode": mode,
+        "beam_size": options.beam,
+        "max_length": options.max_length,
+        "length_penalty": options.length_penalty,
+        "forbid_unk": options.forbid_unk,
+        "block_trigrams": options.block_trigrams,
+        "attention_mode": options.attention_mode,
         "predictions": predictions,
     }
 
 
-def decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding | None = None
-                  ) -> tuple[dict[str, str], dict[str, tuple]]:
-    """Decode (records, grid) batches with the ``search`` settings (decode_batches' arguments): the caption per
+def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _Grounding | None = None,
+                 autocast: Any = nullcontext) -> tuple[dict[str, str], dict[str, tuple]]:
+    """Decode (records, grid) batches with ``options`` (decode_batches; ``autocast``: its AMP context): the caption per
     image id, and per image id with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of).
     What evaluate_model, the mirror check and training's per-epoch validation decode with."""
     predictions: dict[str, str] = {}
     reads: dict[str, tuple] = {}
-    for record, best, words in decode_batches(model, batches, **search):
+    for record, best, words in decode_batches(model, batches, options, autocast):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
@@ -204,12 +196,12 @@ def decode_reads(model, batches: Iterator, search: dict, grounding: _Grounding |
     return predictions, reads
 
 
-def mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: dict, batch_size: int,
+def mirror_figures(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, batch_size: int,
                    progress: bool = False, jpeg_quality: int | None = None) -> dict:
     """Caption the left-right mirror of every photo (from its image: flipped after the transform, as training's
     data.mirror copies) with the same settings, and compare its attention with the original's
     (metrics.mirror_following). ``reads``: image id -> (words, alphas, cells) of the original photos'
-    captions; ``search``: decode_batches' settings (the per-epoch validation passes greedy ones)."""
+    captions; ``options``: how they were decoded (the per-epoch validation's are greedy)."""
     from captioner.data.datasets import mirrored_records
 
     if not reads:
@@ -217,7 +209,7 @@ def mirror_figures(model, records: Sequence, reads: dict[str, tuple], search: di
     mirrored = mirrored_records([r for r in records if r.image_id in reads])
     bar = tqdm(total=len(mirrored), desc="decode mirrored photos", unit="img", disable=not progress, leave=False)
     _, mirrored_reads = decode_reads(model, _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality),
-                                     search)
+                                     options)
     bar.close()
     pairs = [(*reads[key.removesuffix(MIRROR_SUFFIX)], *value) for key, value in mirrored_reads.items()]
     return mirror_following(pairs, model.grid_hw)

@@ -56,7 +56,7 @@ Under SCST (``scst_loss``) the location policy also gets λ_e's entropy bonus; t
 
 Self-critical sequence training (Rennie et al. 2017, arXiv:1612.00563; ``scst_loss``): the policy is
 the decoder itself, a trajectory is a whole sampled caption, and its reward r is CIDEr-D against the
-image's references (captioner/rewards.py). With k samples per image and a baseline b_i that does not
+image's references (captioner/training/rewards.py). With k samples per image and a baseline b_i that does not
 depend on sample i,
 
     loss = -(1/N) Σ_i (r_i - b_i) · [ Σ_t log p(w_t | w_<t, a) + Σ_t log p(s_t | a) ]

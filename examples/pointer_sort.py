@@ -1,9 +1,9 @@
 """Train a pointer network (Vinyals et al. 2015) to sort numbers; print exact-match accuracy.
 
-    .venv/bin/python scripts/pointer_sort.py --length 5 --steps 800 --order decreasing
+    .venv/bin/python examples/pointer_sort.py --length 5 --steps 800 --order decreasing
     # expected: exact-match accuracy about 0.99 on 2000 fresh sequences, ~20 s on one CPU thread
 
-Uses captioner/models/pointer.py; the pointer distribution is the attention distribution of
+Uses examples/pointer_network.py; the pointer distribution is the attention distribution of
 the same scorers the captioner uses (--scorer).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from captioner.models.pointer import ORDERS, sort_accuracy, sort_targets, train_sorter
+from pointer_network import ORDERS, sort_accuracy, sort_targets, train_sorter
 from captioner.models.scorers import SCORERS
 
 

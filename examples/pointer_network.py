@@ -8,7 +8,7 @@ and the output distribution over positions IS the attention distribution. Positi
 pointed at are masked, so a decode is a permutation. The decoder's next input is the embedding of
 the input it just pointed at (the teacher's choice during training).
 
-The demo task (scripts/pointer_sort.py) is sorting: (20, 5, 10) -> (1, 3, 2), the 1-based
+The demo task (examples/pointer_sort.py) is sorting: (20, 5, 10) -> (1, 3, 2), the 1-based
 positions of the inputs in decreasing order of value (order="increasing" flips it).
 """
 from __future__ import annotations

@@ -37,7 +37,7 @@ import yaml
 from torch import nn
 
 from captioner.atomic import atomic_path, write_text_atomic
-from captioner.checkpoint import check_state_dict
+from captioner.store.checkpoint import check_state_dict
 from captioner.config import Config, config_from_dict, config_to_dict
 from captioner.data.vocab import Vocab
 from captioner.version import __version__

@@ -12,7 +12,7 @@ module (no CDN, no external asset: it works offline). The server is FastAPI + uv
 drive it with FastAPI's TestClient and any model. Decoding is CPU-bound, so captions take turns on one lock.
 
 Strangers' bytes reach this server, so it bounds every request before it costs memory, disk or CPU
-(captioner/serve_limits.py; the list with each limit and its flag is docs/robustness.md): a Host check
+(captioner/serving/limits.py; the list with each limit and its flag is docs/robustness.md): a Host check
 against DNS rebinding and an optional token, a small number of uploads in flight and waiting (503 with
 Retry-After beyond), the upload size enforced as the body streams in (413; uploads never touch the disk),
 and the pixel count checked from the image header before decoding (400).
@@ -26,7 +26,8 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from captioner.serve_limits import (LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES,
+from captioner.decoding.options import DecodeOptions
+from captioner.serving.limits import (LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES,
                                     AdmissionGate, Refusal, RequestGuard, read_multipart_upload)
 
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")  # python-multipart imports as `multipart`
@@ -92,28 +93,22 @@ def read_upload(data: bytes, filename: str, max_pixels: int = MAX_PIXELS) -> Any
         raise UploadError(f"cannot read {filename!r} as an image: {err.reason}") from None
 
 
-def caption_image(
-    model: Any,
-    image: Any,
-    beam: int = 3,
-    n_best: int | None = None,
-    attention_mode: str | None = None,
-    forbid_unk: bool = True,
-) -> dict:
-    """Caption one PIL image for the page: the caption, the n-best list and one overlay data URL per word.
+def caption_image(model: Any, image: Any, options: DecodeOptions | None = None) -> dict:
+    """Caption one PIL image for the page, decoded with ``options`` (default: ``page_options(model)``): the
+    caption, the n-best list and one overlay data URL per word.
 
     Each n-best entry has ``score`` (sum of log-probabilities, <end> included when the caption ended) and
     ``norm_score`` (score / length ** length_penalty, the number beam search ranks by; length counts <end>).
     ``cells`` is the (row, column) read per word by hard attention in "argmax"/"sample" mode, else None.
     """
-    from captioner.search import normalise_score
+    from captioner.decoding.search import normalise_score
     from captioner.visualize import overlay_frames
 
-    n_best = beam if n_best is None else n_best
+    options = model.check_decode_options(page_options(model) if options is None else options)
     start = time.perf_counter()
-    (out,) = model.caption([image], beam=beam, n_best=n_best, attention_mode=attention_mode, forbid_unk=forbid_unk)
+    (out,) = model.caption([image], options)
     decode_s = time.perf_counter() - start
-    max_length, penalty = model.max_length, model.length_penalty
+    max_length, penalty = options.max_length, options.length_penalty
 
     def ranked(hyp: dict) -> dict:
         # a caption with fewer than max_length words ended with <end>, which counts as a predicted token
@@ -134,19 +129,24 @@ def caption_image(
         "grid_hw": [H, W],
         "attention_mode": out["attention_mode"],
         "cells": None if locations is None else [list(divmod(int(i), W)) for i in locations],
-        "beam": beam,
+        "beam": options.beam,
         "length_penalty": penalty,
         "decode_s": round(decode_s, 3),
         "total_s": round(time.perf_counter() - start, 3),
     }
 
 
+def page_options(model: Any, **settings: Any) -> DecodeOptions:
+    """The page's decoding: the model's (its config's eval section) with <unk> forbidden, as in every caption for
+    people, then ``settings`` (DecodeOptions fields by name); every hypothesis of the beam is listed unless
+    ``n_best`` is given."""
+    options = model.decode_options.replace_given(forbid_unk=True).replace_given(**settings)
+    return options if "n_best" in settings else options.replace_given(n_best=options.beam)
+
+
 def create_app(
     model: Any,
-    beam: int = 3,
-    n_best: int | None = None,
-    attention_mode: str | None = None,
-    forbid_unk: bool = True,
+    options: DecodeOptions | None = None,
     model_label: str = "",
     max_upload_bytes: int = MAX_UPLOAD_BYTES,
     max_pixels: int = MAX_PIXELS,
@@ -159,10 +159,8 @@ def create_app(
 
     Args:
         model: a ``Captioner`` (``load_captioner(...)``), in eval mode.
-        beam: beam width (1 = greedy).
-        n_best: hypotheses listed per image (default: all ``beam``).
-        attention_mode: hard attention's decoding mode (default: the model's); soft models ignore it.
-        forbid_unk: never put <unk> in a caption.
+        options: how every upload is decoded (``page_options``: default the model's config, <unk> forbidden,
+            every beam hypothesis listed).
         model_label: what the page says it is running (a checkpoint path, a shipped model's name).
         max_upload_bytes: larger uploads are refused with HTTP 413 while they stream in.
         max_pixels: images whose header declares more pixels are refused with HTTP 400, undecoded.
@@ -177,11 +175,7 @@ def create_app(
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse
 
-    if beam < 1:
-        raise ValueError(f"beam must be >= 1, got {beam}")
-    n_best = beam if n_best is None else n_best
-    if not 1 <= n_best <= beam:
-        raise ValueError(f"n_best must be between 1 and beam={beam}, got {n_best}")
+    options = model.check_decode_options(page_options(model) if options is None else options)
     from captioner import visualize  # noqa: F401  (matplotlib's import, seconds, is paid here, not by the first photo)
 
     model.eval()
@@ -190,12 +184,12 @@ def create_app(
     info = {
         "model": model_label or type(model).__name__,
         "attention": model.attention_kind,
-        "attention_mode": model.decode_mode(attention_mode),
+        "attention_mode": options.attention_mode,
         "grid_hw": list(model.grid_hw),
-        "beam": beam,
-        "n_best": n_best,
-        "length_penalty": model.length_penalty,
-        "forbid_unk": forbid_unk,
+        "beam": options.beam,
+        "n_best": options.n_best,
+        "length_penalty": options.length_penalty,
+        "forbid_unk": options.forbid_unk,
     }
     page = render_page(info)
     app = FastAPI(title="captioner demo", docs_url=None, redoc_url=None, openapi_url=None)
@@ -204,8 +198,7 @@ def create_app(
     def caption_upload(data: bytes, filename: str) -> dict:  # in a worker thread, inside a gate slot
         pil = read_upload(data, filename, max_pixels)
         with lock:
-            return caption_image(model, pil, beam=beam, n_best=n_best, attention_mode=attention_mode,
-                                 forbid_unk=forbid_unk)
+            return caption_image(model, pil, options)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
@@ -287,5 +280,5 @@ def render_page(info: dict) -> str:
     mode = "" if info["attention"] != "hard" else f" ({info['attention_mode']} decoding)"
     settings = (f"{info['attention']} attention{mode}, {info['grid_hw'][0]}x{info['grid_hw'][1]} grid, "
                 f"beam {info['beam']}, length penalty {info['length_penalty']:g}")
-    page = files("captioner").joinpath(PAGE_FILE).read_text(encoding="utf-8")
+    page = files("captioner.serving").joinpath(PAGE_FILE).read_text(encoding="utf-8")
     return page.replace("{{MODEL}}", html.escape(str(info["model"]))).replace("{{SETTINGS}}", html.escape(settings))

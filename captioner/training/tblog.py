@@ -1,5 +1,5 @@
 """TensorBoard logging for training runs (``train.tensorboard``): what a person watches while a run goes.
-``open_run_logs`` opens it together with Weights & Biases (``train.wandb``, captioner/wblog.py), which gets the
+``open_run_logs`` opens it together with Weights & Biases (``train.wandb``, captioner/training/wblog.py), which gets the
 same records.
 
 Written to RUN_DIR/tensorboard (``tensorboard --logdir runs``):
@@ -116,8 +116,8 @@ class RunLogs:
 
 def open_run_logs(run_dir: Path, tensorboard: str, wandb: str, config: dict, resumed: bool = False
                   ) -> RunLogs | None:
-    """The run's logs per ``train.tensorboard`` and ``train.wandb`` (captioner/wblog.py); None when neither logs."""
-    from captioner.wblog import open_wandb
+    """The run's logs per ``train.tensorboard`` and ``train.wandb`` (captioner/training/wblog.py); None when neither logs."""
+    from captioner.training.wblog import open_wandb
 
     logs = [sink for sink in (open_tensorboard(run_dir, tensorboard), open_wandb(run_dir, wandb, config, resumed))
             if sink is not None]
@@ -134,7 +134,7 @@ def open_tensorboard(run_dir: Path, mode: str) -> TensorBoardLog | None:
         import tensorboard  # noqa: F401  (torch.utils.tensorboard needs it)
     except ImportError:
         if mode == "on":
-            from captioner.distributed import TrainingError
+            from captioner.training.distributed import TrainingError
 
             raise TrainingError(f"train.tensorboard=on but the tensorboard package is not installed: "
                                 f"{INSTALL_HINT}; or set train.tensorboard=off") from None

@@ -19,7 +19,7 @@ from captioner.config import Config
 from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset,
                                      ImageRecord, collate_captions, load_records)
 from captioner.data.vocab import Vocab
-from captioner.distributed import barrier
+from captioner.training.distributed import barrier
 
 log = logging.getLogger(__name__)
 

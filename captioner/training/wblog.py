@@ -1,5 +1,5 @@
 """Weights & Biases logging for training runs (``train.wandb``), for labs that log there: the same records as
-TensorBoard (captioner/tblog.py), under the same names:
+TensorBoard (captioner/training/tblog.py), under the same names:
 
 - ``train/<part>`` and ``train/lr`` every ``train.log_every`` steps, against ``global_step``;
 - ``epoch/<key>`` once per epoch (every number of the metrics.jsonl entry), against ``epoch``;
@@ -66,7 +66,7 @@ def open_wandb(run_dir: Path, mode: str, config: dict, resumed: bool = False) ->
         raise ValueError(f"train.wandb: {mode!r} is not one of {', '.join(MODES)}")
     if mode == "off":
         return None
-    from captioner.distributed import TrainingError
+    from captioner.training.distributed import TrainingError
 
     try:
         import wandb

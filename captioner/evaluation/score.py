@@ -2,15 +2,15 @@
 system, against references in a Karpathy split JSON, COCO caption annotations or a captions file, with the
 metrics `captioner evaluate` reports (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D on the 0-100 scale, after
 coco-caption's PTB tokenizer when Java is present): ``score_file`` and its table, ``format_scores``.
-captioner/results.py reads and matches the files; ``captioner score`` is captioner/commands/score.py.
+captioner/evaluation/results.py reads and matches the files; ``captioner score`` is captioner/commands/score.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.metrics import caption_scores, resolve_tokenizer
-from captioner.results import match_references, read_references, read_results
+from captioner.evaluation.metrics import caption_scores, resolve_tokenizer
+from captioner.evaluation.results import match_references, read_references, read_results
 
 
 def score_file(results_path: str | Path, references_path: str | Path, split: str | None = None,

@@ -2,7 +2,7 @@
 pycocoevalcap's ``COCOEvalCap`` and other papers' scripts read. ``captioner evaluate --results-file`` writes
 one; ``captioner score`` scores one, from this project or any other system, against references in a
 Karpathy split JSON, COCO caption annotations or a captions file (captioner/data/captions_file.py), with the
-metrics ``captioner evaluate`` reports (captioner/metrics.py: PTB-tokenized, 0-100).
+metrics ``captioner evaluate`` reports (captioner/evaluation/metrics.py: PTB-tokenized, 0-100).
 
 Image ids: COCO's numeric id for COCO images (file names ``COCO_val2014_000000391895.jpg`` and
 ``000000391895.jpg`` give 391895), so the file is what COCO's own tools take; otherwise the data set's image

@@ -1,0 +1,86 @@
+"""What the commands share of their arguments: value types that refuse out-of-range numbers, so argparse's
+message names the flag, and the decoding flags of `captioner caption`, `evaluate` and `serve`.
+
+``parser.add_argument("--beam", type=int_at_least(1))`` turns ``--beam 0`` into
+``error: argument --beam: must be >= 1, got 0`` (exit status 2) instead of a silent fallback or a slice
+that drops images. Every command's numeric options use these.
+
+``add_decode_flags`` gives a command the decoding flags, each defaulting to None: "not given", so
+``decode_options`` takes the model's config (``model.decode_options``, its eval section) for every flag left
+out, in the same way for the three commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Callable
+
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
+from captioner.names import DECODING_MODES
+
+
+def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [low, high] (no upper bound when ``high`` is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # argparse's fallback message says "invalid integer value"
+    return parse
+
+
+def float_at_least(low: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite float >= low."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {low:g}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
+    """--beam, --n-best (when ``n_best``), --attention-mode, --max-length, --length-penalty and
+    --block-trigrams / --no-block-trigrams: every one unset (None) unless given."""
+    parser.add_argument("--beam", type=int_at_least(1), default=None,
+                        help="beam width, 1 = greedy (default: the model's eval.beam_size)")
+    if n_best:
+        parser.add_argument("--n-best", type=int_at_least(1), default=None,
+                            help="hypotheses kept per image, <= --beam")
+    parser.add_argument("--attention-mode", choices=DECODING_MODES, default=None,
+                        help="how attention reads while decoding: expectation (soft), or one cell per word, "
+                             "argmax or sample (default: the model's eval.attention_mode)")
+    parser.add_argument("--max-length", type=int_at_least(1), default=None,
+                        help="most words per caption (default: the model's eval.max_length, or data.max_length)")
+    parser.add_argument("--length-penalty", type=float_at_least(0.0), default=None,
+                        help="beam ranking: score / length ** P (default: the model's eval.length_penalty)")
+    parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
+                        help="never let a caption repeat a trigram (default: the model's eval.block_trigrams)")
+
+
+def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Any,
+                   **command_defaults: Any) -> DecodeOptions:
+    """The model's DecodeOptions with ``command_defaults`` (what this command does differently, e.g. forbid
+    <unk> in captions for people) and then every decoding flag given; a bad combination (--n-best above
+    --beam) exits through ``parser.error`` naming the flags."""
+    flags = {"beam": args.beam, "n_best": getattr(args, "n_best", None), "attention_mode": args.attention_mode,
+             "max_length": args.max_length, "length_penalty": args.length_penalty,
+             "block_trigrams": args.block_trigrams}
+    try:
+        return model.decode_options.replace_given(**command_defaults).replace_given(**flags)
+    except DecodeOptionError as err:
+        parser.error(f"argument --{err.setting.replace('_', '-')}: {err.detail}")

@@ -1,0 +1,86 @@
+"""How to decode, in one frozen object: ``DecodeOptions``.
+
+Every decode reads one: ``captioner caption`` / ``evaluate`` / ``serve``, ``api`` (``ImageCaptioner.caption``),
+``evaluate_model``, training's validation and SCST's greedy baseline, the demo, and the searches
+(``Captioner.generate``). It is built once, from the model's config (``from_config``: its ``eval`` section) and
+then the caller's own settings (``replace_given``: the flags a command was given), and validated once, here.
+Each setting has one default, below; a model remembers its config's as ``model.decode_options``.
+
+``attention_mode`` speaks one vocabulary, ``DECODING_MODES``: "expectation" (the soft read, the only one a soft
+model makes unless asked), "argmax" or "sample" (one grid cell per word: hard attention, or a soft model whose
+attention can). Whether a given model can read that way is its own check (``Captioner.check_decode_options``),
+made once per decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from captioner.names import DECODING_MODES
+
+BEAM = 3  # the beam width of every decode that is not told otherwise (the config's eval.beam_size)
+
+
+class DecodeOptionError(ValueError):
+    """A decoding setting out of range; ``setting`` names it (a command maps it to its flag)."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"decoding: {setting} {message}")
+        self.setting, self.detail = setting, message
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """beam: beam width (1 = greedy). n_best: hypotheses kept per image (<= beam). attention_mode: one of
+    DECODING_MODES. max_length: most words per caption. length_penalty: beam ranking score / length ** P.
+    block_trigrams: never repeat a trigram within a caption. forbid_unk: never choose <unk> (for captions a
+    person reads; off where scores must match training's)."""
+
+    beam: int = BEAM
+    n_best: int = 1
+    attention_mode: str = "expectation"
+    max_length: int = 20
+    length_penalty: float = 1.0
+    block_trigrams: bool = False
+    forbid_unk: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam", "n_best", "max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DecodeOptionError(name, f"must be an integer >= 1, got {value!r}")
+        if self.n_best > self.beam:
+            raise DecodeOptionError("n_best", f"must be <= beam ({self.beam}), got {self.n_best}")
+        if self.attention_mode not in DECODING_MODES:
+            raise DecodeOptionError("attention_mode", f"must be one of {', '.join(DECODING_MODES)}, "
+                                    f"got {self.attention_mode!r}")
+        penalty = self.length_penalty
+        if (isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not math.isfinite(penalty)
+                or penalty < 0):
+            raise DecodeOptionError("length_penalty", f"must be a finite number >= 0, got {penalty!r}")
+        for name in ("block_trigrams", "forbid_unk"):
+            if not isinstance(getattr(self, name), bool):
+                raise DecodeOptionError(name, f"must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "DecodeOptions":
+        """A config's decoding (its ``eval`` section; ``eval.max_length`` 0 = the longest training caption,
+        ``data.max_length``)."""
+        ev = cfg.eval
+        return cls(beam=ev.beam_size, attention_mode=ev.attention_mode,
+                   max_length=ev.max_length or cfg.data.max_length, length_penalty=float(ev.length_penalty),
+                   block_trigrams=ev.block_trigrams)
+
+    def replace_given(self, **settings: Any) -> "DecodeOptions":
+        """These options with every setting that was given (not None) replaced: a command's flags over the
+        model's config. A beam narrower than n_best brings n_best down with it unless n_best was given too."""
+        given = {k: v for k, v in settings.items() if v is not None}
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"DecodeOptions has no setting {', '.join(unknown)}")
+        if "beam" in given and "n_best" not in given:
+            given["n_best"] = min(self.n_best, given["beam"])
+        return dataclasses.replace(self, **given)
