@@ -74,7 +74,9 @@ def ensure_checkpoint(config: str | Path, run_dir: str | Path, overrides: Sequen
     """
     from captioner.training.loop import train
 
+    from captioner.store.rundir import RunDir
+
     run_dir = Path(run_dir)
-    if not (run_dir / "best.pt").exists():
+    if not RunDir(run_dir).best.exists():
         train(load_config(config, [f"train.run_dir={run_dir}", *overrides]))
     return run_dir

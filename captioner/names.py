@@ -37,8 +37,8 @@ DECODER_ARGUMENTS: dict[str, tuple[str, ...]] = {
                     "feature_dropout", "overlay_layer", "pad_id"),
 }
 DECODER_KINDS = tuple(DECODER_ARGUMENTS)
-# losses.py: how hard attention's location policy learns under cross-entropy (REINFORCE: paper, loo; the
-# straight-through Gumbel-softmax read: gumbel)
+# training/estimators.py: ESTIMATORS, how hard attention's location policy learns under cross-entropy
+# (REINFORCE: paper, loo; the straight-through Gumbel-softmax read: gumbel)
 HARD_ESTIMATORS = ("paper", "loo", "gumbel")
 # optim.py
 OPTIMIZERS = ("adam", "rmsprop")

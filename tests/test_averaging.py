@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.store.checkpoint import (AVERAGED_CHECKPOINT, CheckpointError, average_checkpoints, epoch_snapshots,
+from captioner.store.rundir import RunDir
+from captioner.store.checkpoint import (CheckpointError, average_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from captioner.commands import average
 from captioner.config import ConfigError, load_config
@@ -73,13 +74,13 @@ def test_a_run_keeps_its_epochs_and_averages_the_last_ones(tmp_path, capsys):
     run_dir = train(load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
                                         "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=3",
                                         "train.keep_epochs=true", "train.average_last=2"]))
-    kept = epoch_snapshots(run_dir)
+    kept = RunDir(run_dir).epoch_snapshots()
     assert [p.name for p in kept] == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
     snapshot = load_checkpoint(kept[-1])
     assert "optimizer" not in snapshot and snapshot["epoch"] == 3
     last = load_checkpoint(run_dir / "last.pt")
     assert all(torch.equal(v, last["model"][k]) for k, v in snapshot["model"].items())
-    averaged = load_checkpoint(run_dir / AVERAGED_CHECKPOINT)
+    averaged = load_checkpoint(RunDir(run_dir).averaged)
     key = next(k for k, v in snapshot["model"].items() if v.is_floating_point() and k.startswith("decoder."))
     two = [load_checkpoint(p)["model"][key] for p in kept[1:]]
     torch.testing.assert_close(averaged["model"][key], (two[0] + two[1]) / 2)
@@ -90,6 +91,6 @@ def test_a_run_keeps_its_epochs_and_averages_the_last_ones(tmp_path, capsys):
     assert all(torch.equal(v, averaged["model"][k]) for k, v in cli["model"].items())
     assert average.main(["--run", str(run_dir), "--last", "4", "--out", str(tmp_path / "x.pt")]) == 1
     assert "kept only 3 epochs" in capsys.readouterr().err
-    words = load_captioner(run_dir / AVERAGED_CHECKPOINT).caption([str(next((tmp_path / "data").rglob("*.png")))],
+    words = load_captioner(RunDir(run_dir).averaged).caption([str(next((tmp_path / "data").rglob("*.png")))],
                                                                    beam=2)[0]["words"]
     assert isinstance(words, list)

@@ -141,7 +141,8 @@ def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, 
 
     def step(tokens, state):
         calls.append(tokens.shape[0])
-        return dec.step(tokens, state, attention_mode=mode)
+        log_probs, alpha, _, state = dec.step_with_location(tokens, state, attention_mode=mode)
+        return log_probs, alpha, state
 
     with torch.no_grad():
         common = dict(batch_size=8, start_id=1, end_id=2, beam_size=3, max_length=8, n_best=2)

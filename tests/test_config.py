@@ -167,6 +167,7 @@ def test_choices_are_the_model_code_tables():
     from captioner.models.attention import ATTENTIONS
     from captioner.models.decoders import DECODERS, GATES, REFERENCES, decoder_arguments
     from captioner.models.scorers import SCORERS
+    from captioner.training.estimators import ESTIMATORS
     from captioner.training.optim import OPTIMIZERS
     from captioner.training.wblog import MODES as WANDB_MODES
 
@@ -181,7 +182,7 @@ def test_choices_are_the_model_code_tables():
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
     assert GATES == CHOICES["model.decoder.gate"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
-    assert names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
+    assert tuple(ESTIMATORS) == names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
     assert names.DECODING_MODES == CHOICES["eval.attention_mode"]
 
 

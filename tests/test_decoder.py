@@ -88,7 +88,7 @@ def test_step_reproduces_teacher_forced_logits(kind, scorer, gate):
         state = dec.init_state(grid)
         assert all(s.shape[0] == 4 for s in state)
         for t in range(captions.shape[1] - 1):
-            log_probs, alpha, state = dec.step(captions[:, t], state, attention_mode=mode)
+            log_probs, alpha, _, state = dec.step_with_location(captions[:, t], state, attention_mode=mode)
             real = out.mask[:, t]
             expected = F.log_softmax(out.logits[:, t], dim=-1)
             assert torch.allclose(log_probs[real], expected[real], atol=1e-5), t
@@ -222,9 +222,9 @@ def test_state_can_be_reordered_and_expanded_for_beam_search():
     grid, captions, _ = batch()
     with torch.no_grad():
         state = dec.init_state(grid)
-        base, _, _ = dec.step(captions[:, 0], state)
+        base = dec.step_with_location(captions[:, 0], state)[0]
         wide = tuple(s.repeat_interleave(3, dim=0) for s in state)  # (B*K, ...)
-        log_probs, alpha, new_state = dec.step(captions[:, 0].repeat_interleave(3), wide)
+        log_probs, alpha, _, new_state = dec.step_with_location(captions[:, 0].repeat_interleave(3), wide)
     assert log_probs.shape == (12, V) and alpha.shape == (12, L)
     assert all(s.shape[0] == 12 for s in new_state)
     assert torch.allclose(log_probs.view(4, 3, V), base.unsqueeze(1).expand(4, 3, V), atol=1e-5)

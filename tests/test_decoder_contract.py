@@ -63,7 +63,7 @@ def test_teacher_forcing_packs_the_real_steps_and_step_reproduces_it(kind):
         torch.testing.assert_close(out.alphas.sum(-1), out.mask.float())  # 1 at real steps, 0 at padding
         state = dec.init_state(grid)
         for t in range(captions.shape[1] - 1):
-            log_probs, alpha, state = dec.step(captions[:, t], state)
+            log_probs, alpha, _, state = dec.step_with_location(captions[:, t], state)
             real = out.mask[:, t]
             torch.testing.assert_close(log_probs[real], F.log_softmax(out.logits[real, t], -1), atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(alpha[real], out.alphas[real, t], atol=1e-5, rtol=1e-5)
@@ -168,7 +168,7 @@ def test_transformer_overlay_layer_and_cache():
         assert not torch.allclose(out_first.alphas, out_last.alphas)
         grid_memory, words = first.init_state(grid)
         for t in range(3):
-            _, _, (grid_memory_t, words) = first.step(captions[:, t], (grid_memory, words))
+            _, _, _, (grid_memory_t, words) = first.step_with_location(captions[:, t], (grid_memory, words))
             assert grid_memory_t is grid_memory  # the grid's keys and values: once per image
             assert all(v.shape[2] == t + 1 for v, _ in words)  # one cached position per word
     with pytest.raises(ValueError, match="overlay_layer 2 is not a layer of 2"):

@@ -204,8 +204,8 @@ def test_under_the_reference_switch_the_fast_decoder_runs_the_reference_code(att
         a, b = fast(grid, captions, lengths, mode), ref(grid, captions, lengths, mode)
         assert torch.equal(a.packed_features, b.packed_features) and torch.equal(a.rows, b.rows)
         assert torch.equal(a.alphas, b.alphas)
-        step_a = fast.step(captions[:, 0], fast.init_state(grid), mode)
-        step_b = ref.step(captions[:, 0], ref.init_state(grid), mode)
+        step_a = fast.step_with_location(captions[:, 0], fast.init_state(grid), mode)
+        step_b = ref.step_with_location(captions[:, 0], ref.init_state(grid), mode)
         assert torch.equal(step_a[0], step_b[0]) and torch.equal(step_a[1], step_b[1])
         torch.manual_seed(2)
         sa = fast.sample(grid, 2, 1, 2, 5, attention_mode="sample" if attention == "hard" else "expectation")
@@ -271,17 +271,21 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
         assert isinstance(fast_state, ProjectedState) and not isinstance(plain_state, ProjectedState)
         tokens = torch.randint(4, 31, (3 * K,))
         for _ in range(3):
-            fast = dec.step(tokens, fast_state, mode)
-            plain = dec.step(tokens, plain_state, mode)
+            fast = dec.step_with_location(tokens, fast_state, mode)
+            plain = dec.step_with_location(tokens, plain_state, mode)
             torch.testing.assert_close(fast[0], plain[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(fast[1], plain[1], atol=1e-6, rtol=1e-5)
-            fast_state, plain_state = fast[2], plain[2]
+            fast_state, plain_state = fast[3], plain[3]
             assert isinstance(fast_state, ProjectedState)
             tokens = fast[0].argmax(-1)
+
+        def step(t, s):
+            log_probs, alpha, _, state = dec.step_with_location(t, s, mode)
+            return log_probs, alpha, state
+
         results = []
         for words in (20, 0):
             dec.project_values_words = words
-            step = lambda t, s: dec.step(t, s, mode)  # noqa: E731
             results.append(beam_search(step, dec.init_state(grid), batch_size=3, start_id=1, end_id=2,
                                        beam_size=K, max_length=8, n_best=2, expand=dec.expand_state))
     for fast_hyps, plain_hyps in zip(*results):
@@ -301,7 +305,7 @@ def test_vector_gate_and_multi_head_decode_unprojected():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "fused_adam"])
 def test_inference_caches_follow_weight_updates(optimizer):
-    """step() without autograd reads cached stacks of weights (the word-gate table, the h_{t-1} stack); an
+    """step_with_location() without autograd reads cached stacks of weights (the word-gate table, the h_{t-1} stack); an
     optimizer step (fused Adam's kernel leaves the tensors' version counters alone) or load_state_dict must
     invalidate them."""
     from captioner.training.optim import build_optimizer
@@ -313,17 +317,17 @@ def test_inference_caches_follow_weight_updates(optimizer):
 
     def step_logp():
         with torch.no_grad():
-            return dec.step(tokens, dec.init_state(grid))[0]
+            return dec.step_with_location(tokens, dec.init_state(grid))[0]
 
     def reference():  # the autograd path builds no cache
         with torch.enable_grad():
-            return dec.step(tokens, dec.init_state(grid))[0].detach()
+            return dec.step_with_location(tokens, dec.init_state(grid))[0].detach()
 
     before = step_logp()
     torch.testing.assert_close(before, reference(), atol=1e-6, rtol=1e-6)
     optimizer = (torch.optim.SGD(dec.parameters(), lr=0.5) if optimizer == "sgd"
                  else build_optimizer("adam", dec.parameters(), lr=0.5))
-    loss = dec.step(tokens, dec.init_state(grid))[0].logsumexp(-1).sum() + dec.embedding.weight.sum()
+    loss = dec.step_with_location(tokens, dec.init_state(grid))[0].logsumexp(-1).sum() + dec.embedding.weight.sum()
     loss.backward()
     optimizer.step()
     after = step_logp()

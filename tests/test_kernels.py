@@ -245,7 +245,7 @@ def test_decoder_step_uses_the_fused_cell_only_without_autograd(beams, monkeypat
     for x, y in zip(fast, plain):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     calls.clear()
-    dec.step(tokens, dec.expand_state(dec.init_state(grid), beams))  # under autograd: the PyTorch ops
+    dec.step_with_location(tokens, dec.expand_state(dec.init_state(grid), beams))  # under autograd: the PyTorch ops
     assert not calls
 
 

@@ -1,42 +1,51 @@
-"""Objectives: masked cross-entropy, the doubly stochastic penalty (Eq. 14), and the REINFORCE
+"""Objectives: the cross-entropy over real tokens, the doubly stochastic penalty (Eq. 14), and the REINFORCE
 estimator of hard attention (Eq. 10-12) checked against the exact gradient by enumeration."""
 
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from captioner.models.decoders import DecoderOutput
 from captioner.training.losses import (doubly_stochastic_penalty, hard_attention_loss, loo_hard_attention_loss,
-                              masked_cross_entropy, reward_to_go, soft_attention_loss, update_baseline)
+                              reward_to_go, sequence_cross_entropy, soft_attention_loss, update_baseline)
+
+
+def _decoder_output(logits, alphas, mask, log_probs=None, entropies=None) -> DecoderOutput:
+    """A DecoderOutput whose output layer is the identity: the logits (B, T, V) of the real steps are its
+    packed_features, so gradients reach ``logits`` itself."""
+    B, T, V = logits.shape
+    rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) real steps, row-major
+    return DecoderOutput(packed_features=logits.reshape(B * T, V).index_select(0, rows),
+                         output_weight=torch.eye(V, dtype=logits.dtype), output_bias=None, rows=rows,
+                         alphas=alphas, log_probs=log_probs, entropies=entropies, mask=mask)
 
 
 def _output(B=3, T=4, V=5, L=6, seed=0, hard=False):
+    """A DecoderOutput, its targets and the logits (B, T, V) it was made from (a leaf, for gradients)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([T, T - 2, 1])[:B]  # steps per caption (real targets)
     mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
     alphas = torch.softmax(torch.randn(B, T, L, generator=g), -1) * mask.unsqueeze(-1)
-    out = SimpleNamespace(logits=torch.randn(B, T, V, generator=g, requires_grad=True), alphas=alphas,
-                          mask=mask, log_probs=None, entropies=None)
+    logits = torch.randn(B, T, V, generator=g, requires_grad=True)
+    log_probs = entropies = None
     if hard:
-        out.log_probs = (-torch.rand(B, T, generator=g) * mask).requires_grad_()
-        out.entropies = torch.rand(B, T, generator=g) * mask
+        log_probs = (-torch.rand(B, T, generator=g) * mask).requires_grad_()
+        entropies = torch.rand(B, T, generator=g) * mask
     targets = torch.randint(0, V, (B, T), generator=g)
-    return out, targets
+    return _decoder_output(logits, alphas, mask, log_probs, entropies), targets, logits
 
 
-def test_masked_cross_entropy_ignores_padding_and_averages_real_tokens():
-    out, targets = _output()
-    loss = masked_cross_entropy(out.logits, targets, out.mask)
-    nll = F.cross_entropy(out.logits[out.mask], targets[out.mask])  # mean over real tokens
-    assert torch.allclose(loss, nll)
+def test_sequence_cross_entropy_ignores_padding_and_averages_real_tokens():
+    out, targets, logits = _output()
+    nll = F.cross_entropy(logits[out.mask], targets[out.mask])  # mean over real tokens
+    assert torch.allclose(sequence_cross_entropy(out, targets), nll)
     # Garbage at padded steps changes nothing.
-    logits = out.logits.detach().clone()
-    logits[~out.mask] = 1e4
-    assert torch.allclose(masked_cross_entropy(logits, targets, out.mask), nll)
+    garbage = logits.detach().clone()
+    garbage[~out.mask] = 1e4
+    assert torch.allclose(sequence_cross_entropy(_decoder_output(garbage, out.alphas, out.mask), targets), nll)
 
 
 def test_doubly_stochastic_penalty_counts_real_steps_only():
@@ -52,9 +61,9 @@ def test_doubly_stochastic_penalty_counts_real_steps_only():
 def test_soft_loss_weighs_the_penalty_against_the_captions_summed_nll():
     """Eq. (14) per caption: Σ_t NLL + λ Σ_i (1 - Σ_t α_ti)², summed over captions and divided by
     the number of real words (so the XE part is the per-token mean and λ is the paper's λ)."""
-    out, targets = _output()
+    out, targets, logits = _output()
     res = soft_attention_loss(out, targets, alpha_c=2.0)
-    nll = F.cross_entropy(out.logits.detach().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    nll = F.cross_entropy(logits.detach().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
     per_caption = []
     for b in range(targets.shape[0]):
         m = out.mask[b]
@@ -65,14 +74,14 @@ def test_soft_loss_weighs_the_penalty_against_the_captions_summed_nll():
     # The logged penalty stays the per-caption mean of Σ_i (1 - Σ_t α_ti)².
     assert res.parts["alpha_penalty"].item() == pytest.approx(doubly_stochastic_penalty(out.alphas, out.mask).item())
     res.loss.backward()
-    assert out.logits.grad[~out.mask].abs().max() == 0  # no gradient reaches padded steps
+    assert logits.grad[~out.mask].abs().max() == 0  # no gradient reaches padded steps
 
 
 def test_hard_loss_parts_masking_and_expectation_images():
-    out, targets = _output(hard=True)
+    out, targets, logits = _output(hard=True)
     sampled = torch.tensor([True, False, True])
     res = hard_attention_loss(out, targets, baseline=-3.0, alpha_c=0.0, entropy_weight=0.0, sampled=sampled)
-    log_py = F.log_softmax(out.logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1) * out.mask
+    log_py = F.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1) * out.mask
     reward = log_py.sum(1)
     assert res.reward_count.item() == 2
     assert res.reward_sum.item() == pytest.approx(reward[sampled].sum().item(), rel=1e-5)
@@ -85,7 +94,7 @@ def test_hard_loss_parts_masking_and_expectation_images():
 
 
 def test_hard_loss_requires_sampled_outputs():
-    out, targets = _output(hard=False)
+    out, targets, _ = _output(hard=False)
     with pytest.raises(ValueError, match="attention_mode='sample'"):
         hard_attention_loss(out, targets, baseline=0.0)
 
@@ -146,8 +155,7 @@ def _sampled_gradients(params, baseline, n=20000, seed=0, reinforce_weight=1.0):
     s = torch.stack([s1, s2], 1)  # (n, 2)
     log_ps = torch.log(alphas.gather(2, s.unsqueeze(-1)).squeeze(-1))  # (n, 2): log p(s_t | a)
     entropies = -(alphas * alphas.log()).sum(-1)
-    out = SimpleNamespace(logits=logits, alphas=alphas, log_probs=log_ps, entropies=entropies,
-                          mask=torch.ones(n, 2, dtype=torch.bool))
+    out = _decoder_output(logits, alphas, torch.ones(n, 2, dtype=torch.bool), log_ps, entropies)
     targets = torch.tensor(TARGET).expand(n, 2)
     res = hard_attention_loss(out, targets, baseline=baseline, alpha_c=0.0, reinforce_weight=reinforce_weight,
                               entropy_weight=0.0)
@@ -174,13 +182,12 @@ def test_reinforce_gradient_matches_enumeration(baseline):
 
 
 def _tiny_output(rep, s1, s2):
-    """A DecoderOutput-like namespace for the tiny model on location paths (s1, s2)."""
+    """A DecoderOutput of the tiny model on location paths (s1, s2)."""
     logits, alphas = _tiny_forward(rep, s1, s2)
     s = torch.stack([s1, s2], 1)  # (N, 2)
     log_ps = torch.log(alphas.gather(2, s.unsqueeze(-1)).squeeze(-1))  # (N, 2)
     entropies = -(alphas * alphas.log()).sum(-1)
-    return SimpleNamespace(logits=logits, alphas=alphas, log_probs=log_ps, entropies=entropies,
-                           mask=torch.ones(s1.shape[0], 2, dtype=torch.bool))
+    return _decoder_output(logits, alphas, torch.ones(s1.shape[0], 2, dtype=torch.bool), log_ps, entropies)
 
 
 def _loo_expected_gradient(params, samples, reinforce_weight=1.0, discount=1.0):
@@ -236,8 +243,8 @@ def test_loo_loss_expectation_rows_and_per_word_baseline():
     mask = torch.tensor([[True, True, False], [True, True, True], [True, True, True]])
     logits = torch.randn(rows, T, V, generator=g, requires_grad=True)
     log_probs = (-torch.rand(rows, T, generator=g)).requires_grad_()
-    out = SimpleNamespace(logits=logits, alphas=torch.softmax(torch.randn(rows, T, 5, generator=g), -1),
-                          mask=mask, log_probs=log_probs, entropies=torch.rand(rows, T, generator=g))
+    out = _decoder_output(logits, torch.softmax(torch.randn(rows, T, 5, generator=g), -1), mask, log_probs,
+                          torch.rand(rows, T, generator=g))
     targets = torch.randint(0, V, (rows, T), generator=g)
     res = loo_hard_attention_loss(out, targets, samples=K, n_expectation=1)
     res.loss.backward()
@@ -266,7 +273,7 @@ def test_attention_entropy_term_is_normalised_and_weighted():
     mixed = torch.cat([uniform[:, :1], one_hot[:, 1:]], dim=1)  # one uniform word, one one-hot word
     assert attention_entropy(mixed, mask).item() == pytest.approx(0.5)
 
-    out, targets = _output()
+    out, targets, _ = _output()
     base = soft_attention_loss(out, targets, alpha_c=0.0)
     sharp = soft_attention_loss(out, targets, alpha_c=0.0, alpha_entropy=0.3)
     expected = 0.3 * attention_entropy(out.alphas, out.mask).item()

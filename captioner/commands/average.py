@@ -24,10 +24,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner average (CKPT ... | --run RUN [--last K]) --out FILE`."""
     args = _parser().parse_args(argv)
-    from captioner.store.checkpoint import CheckpointError, average_checkpoints, epoch_snapshots, save_checkpoint
+    from captioner.store.checkpoint import CheckpointError, average_checkpoints, save_checkpoint
 
     try:
-        paths = _chosen(args, epoch_snapshots)
+        paths = _chosen(args)
         save_checkpoint(args.out, average_checkpoints(paths))
     except (CheckpointError, OSError, ValueError) as err:
         print(f"captioner average: error: {err}", file=sys.stderr)
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _chosen(args: argparse.Namespace, epoch_snapshots) -> list:
+def _chosen(args: argparse.Namespace) -> list:
     """The files to average: the CKPT arguments, or the run's last K kept epochs (never both)."""
     if bool(args.checkpoints) == bool(args.run):
         raise ValueError("give checkpoint files or --run RUN, not both and not neither")
@@ -46,7 +46,9 @@ def _chosen(args: argparse.Namespace, epoch_snapshots) -> list:
         if args.last:
             raise ValueError("--last counts a run's kept epochs: use it with --run")
         return list(args.checkpoints)
-    kept = epoch_snapshots(args.run)
+    from captioner.store.rundir import RunDir
+
+    kept = RunDir(args.run).epoch_snapshots()
     if not kept:
         raise ValueError(f"{args.run}: no kept epochs (epochs/epoch-*.pt); train with train.keep_epochs=true")
     if args.last > len(kept):

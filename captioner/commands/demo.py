@@ -21,6 +21,7 @@ from captioner.commands.arguments import float_at_least, int_at_least
 from captioner.atomic import write_text_atomic
 from captioner.config import add_config_arguments, load_config
 from captioner.demo import DEFAULT_CONFIG, caption_photos, caption_records
+from captioner.store.rundir import RunDir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,11 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
     overrides = [f"train.run_dir={args.run_dir}", f"train.time_budget_s={args.time_budget}", *args.overrides]
     cfg = load_config(config_path, overrides)
-    run_dir = Path(cfg.train.run_dir)
+    run_dir = RunDir(cfg.train.run_dir)
     t0 = time.time()
 
     if not args.no_photos:
-        photo_dir = run_dir / "photos"
+        photo_dir = run_dir.photos
         print(f"[0/4] real photographs, shipped Flickr8k model -> {photo_dir}/")
         try:
             for item in caption_photos(photo_dir):
@@ -65,16 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"      skipped: {err}")
 
     print(f"[1/4] data + training ({config_path or 'defaults'}; budget {args.time_budget:.0f} s) -> {run_dir}")
-    done_marker = run_dir / "finished.json"
-    if done_marker.exists() and (run_dir / "best.pt").exists() and not args.retrain:
+    done_marker = run_dir.finished
+    if done_marker.exists() and run_dir.best.exists() and not args.retrain:
         print(f"      reusing the finished run in {run_dir} (pass --retrain to train again)")
     else:
-        resume = str(run_dir) if (run_dir / "last.pt").exists() and not args.retrain else None
+        resume = str(run_dir) if run_dir.last.exists() and not args.retrain else None
         train(cfg, resume=resume)
         write_text_atomic(done_marker, json.dumps({"finished_at": time.time()}))
 
     print("[2/4] evaluating on the test split (greedy)")
-    model = load_captioner(run_dir)
+    model = load_captioner(run_dir.root)
     records = load_records(cfg.data, "test")
     result = evaluate_model(model, records, model.decode_options.replace_given(beam=1),
                             batch_size=cfg.eval.batch_size, meteor=not args.no_meteor)
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(result, "test"))
 
     print(f"[3/4] captioning {args.n_captions} test images with beam {cfg.eval.beam_size}, writing overlays")
-    overlay_dir = run_dir / "overlays"
+    overlay_dir = run_dir.overlays
     captions = caption_records(model, records[: args.n_captions], overlay_dir)
 
     print("[4/4] summary")
@@ -92,11 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_time_s": round(time.time() - t0, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(run_dir.summary, json.dumps(summary, indent=2))
     bleu4 = result["scores"].get("BLEU-4")
     grounding = result["grounding"]
     print(f"      test BLEU-4 {bleu4:.2f} | grounding "
           f"{'n/a' if grounding is None else f'{100 * grounding:.1f}%'} | {summary['wall_time_s']:.0f} s")
-    print(f"      checkpoint: {run_dir / 'best.pt'}\n      overlays:   {overlay_dir}/\n"
-          f"      summary:    {run_dir / 'summary.json'}")
+    print(f"      checkpoint: {run_dir.best}\n      overlays:   {overlay_dir}/\n"
+          f"      summary:    {run_dir.summary}")
     return 0

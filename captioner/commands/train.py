@@ -14,6 +14,7 @@ import torch.distributed as dist
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
 from captioner.training.distributed import TrainingError
+from captioner.store.rundir import RunDir
 from captioner.training.loop import train
 
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config_path = args.config
         if config_path is None and args.resume is not None and Path(args.resume).is_dir():
-            config_path = Path(args.resume) / "config.yaml"
+            config_path = RunDir(args.resume).config
         cfg = load_config(config_path, args.overrides)
         if args.init is not None:
             cfg.train.init = args.init

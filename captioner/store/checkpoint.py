@@ -40,15 +40,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from captioner.atomic import fsync_directory, temp_name
+from captioner.store.rundir import RunDir
 
 FORMAT_VERSION = 2  # 2: the payload's SHA-256 is stored under DIGEST_KEY and checked on load
 DIGEST_KEY = "payload_sha256"
 
-# What `load_checkpoint` tries, in order, when given a run directory: the best
-# model is what inference wants; a run stopped before its first validation only has last.pt.
-RUN_DIR_CANDIDATES = ("best.pt", "last.pt")
-EPOCHS_DIR = "epochs"  # train.keep_epochs: one weights-only checkpoint per epoch, epoch-NNN.pt
-AVERAGED_CHECKPOINT = "averaged.pt"  # train.average_last: the mean of the last k of them
 
 # Leaf types torch.load(weights_only=True) reads back (checked by exact type: a
 # subclass such as numpy.float64 or an IntEnum is pickled by reference and refused on load).
@@ -208,14 +204,12 @@ def resolve_checkpoint_path(path: str | Path) -> Path:
         CheckpointError: "checkpoint not found: PATH", or a directory holding neither file.
     """
     path = Path(path)
-    if path.is_dir():
-        for name in RUN_DIR_CANDIDATES:
-            candidate = path / name
-            if candidate.is_file():
-                return candidate
-        raise CheckpointError(
-            f"checkpoint not found: {path} is a directory without {' or '.join(RUN_DIR_CANDIDATES)}"
-        )
+    if path.is_dir():  # the best model is what inference wants; a run stopped before validating has last.pt
+        run = RunDir(path)
+        found = run.checkpoint()
+        if found is None:
+            raise CheckpointError(f"checkpoint not found: {path} is a directory without {' or '.join(run.names())}")
+        return found
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
     return path
@@ -392,11 +386,6 @@ def _words_of(vocab: Any, which: str) -> list[str]:
 
 
 # ------------------------------------------------------------------- averaging
-
-
-def epoch_snapshots(run_dir: str | Path) -> list[Path]:
-    """The per-epoch checkpoints a run kept (``train.keep_epochs``), oldest first."""
-    return sorted((Path(run_dir) / EPOCHS_DIR).glob("epoch-*.pt"))
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict:

@@ -56,18 +56,18 @@ from captioner.decoding.options import DecodeOptions
 from captioner.training.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
 from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
-from captioner.training.losses import (LossOutput, gumbel_attention_loss, gumbel_temperature, hard_attention_loss,
-                              loo_hard_attention_loss, sequence_cross_entropy, soft_attention_loss, update_baseline)
+from captioner.training.estimators import ESTIMATORS
+from captioner.training.losses import (LossOutput, gumbel_temperature, sequence_cross_entropy, soft_attention_loss,
+                                       update_baseline)
 from captioner.training.optim import OPTIMIZERS, build_optimizer
 from captioner.runtime import keep_freed_memory
+from captioner.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 # Set to anything: every rank writes the SHA-256 of its final weights to RUN_DIR/weights-rank<R>.sha256
 # (how the DDP test checks the ranks stayed in lockstep).
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
-METRICS_FILE = "metrics.jsonl"
-LAST_CHECKPOINT = "last.pt"  # the run's latest state: what --resume continues from
 RESUME_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # what a snapshot leaves out of last.pt
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -114,31 +114,10 @@ def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseli
     if not hard:
         out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation")
         return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
-    h = cfg.train.hard
     B = batch.captions.shape[0]
-    expectation = torch.rand(B) < h.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
+    expectation = torch.rand(B) < cfg.train.hard.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
     expectation = expectation.to(batch.captions.device)
-    if h.estimator == "loo":  # expectation captions once, then K consecutive copies of each sampled one
-        E = int(expectation.sum())
-        index = torch.cat([expectation.nonzero().squeeze(1),
-                           (~expectation).nonzero().squeeze(1).repeat_interleave(h.samples)])  # (E + S*K,)
-        read_expectation = torch.arange(index.shape[0], device=index.device) < E
-        out = forward(batch.inputs, batch.captions.index_select(0, index), batch.lengths.index_select(0, index),
-                      attention_mode="sample", expectation_mask=read_expectation, rows=index)
-        return loo_hard_attention_loss(out, targets.index_select(0, index), samples=h.samples, n_expectation=E,
-                                       reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
-                                       discount=h.reward_discount, alpha_c=cfg.train.alpha_c,
-                                       alpha_entropy=cfg.train.alpha_entropy)
-    if h.estimator == "gumbel":  # the context carries the scorer's gradient: no REINFORCE term
-        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="gumbel",
-                      expectation_mask=expectation, temperature=temperature)
-        res = gumbel_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
-        res.parts["temperature"] = res.loss.new_tensor(temperature).detach()
-        return res
-    out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="sample", expectation_mask=expectation)
-    return hard_attention_loss(out, targets, baseline=baseline, alpha_c=cfg.train.alpha_c,
-                               reinforce_weight=h.reinforce_weight, entropy_weight=h.entropy_weight,
-                               sampled=~expectation, alpha_entropy=cfg.train.alpha_entropy)
+    return ESTIMATORS[cfg.train.hard.estimator](forward, batch, cfg, expectation, baseline, temperature)
 
 
 def _bare(forward: nn.Module) -> nn.Module:
@@ -402,7 +381,7 @@ def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progres
             raise TrainingError(
                 f"{progress.nonfinite_run} consecutive steps had a non-finite loss or gradient (epoch "
                 f"{progress.epoch + 1}, step {progress.step}); stopped without saving these weights (last good "
-                f"checkpoint: {Path(t.run_dir) / 'last.pt'}). Try a lower train.lr, train.grad_clip > 0 or "
+                f"checkpoint: {RunDir(t.run_dir).last}). Try a lower train.lr, train.grad_clip > 0 or "
                 "train.amp=none")
         return None
     progress.nonfinite_run = 0
@@ -418,7 +397,7 @@ class _Run:
     """One training run as ``_set_up`` builds (or resumes) it: what every epoch reads and updates."""
 
     cfg: Config
-    run_dir: Path
+    run_dir: RunDir
     rank: int
     world: int
     device: torch.device
@@ -468,7 +447,7 @@ def _resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     if resume is None:
         return None
     resume_path = Path(resume)
-    ckpt_file = resume_path / LAST_CHECKPOINT if resume_path.is_dir() else resume_path
+    ckpt_file = RunDir(resume_path).last if resume_path.is_dir() else resume_path
     payload = load_checkpoint(ckpt_file)
     _require_latest_state(ckpt_file, payload, resume)
     _require_same_process_count(payload, world, resume)
@@ -484,7 +463,7 @@ def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
     its history, losing the later epochs. The message says how to branch a copy of the run from it."""
     from captioner.store.checkpoint import load_checkpoint
 
-    latest = ckpt_file.parent / LAST_CHECKPOINT
+    latest = RunDir(ckpt_file.parent).last
     if not latest.is_file() or latest.samefile(ckpt_file):
         return
     epoch, latest_epoch = int(payload["epoch"]), int(load_checkpoint(latest)["epoch"])
@@ -494,10 +473,10 @@ def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
     branch = run_dir.with_name(f"{run_dir.name}-from-{ckpt_file.stem}")
     raise TrainingError(
         f"--resume {resume}: {ckpt_file.name} holds the state after epoch {epoch}, but the run went on to epoch "
-        f"{latest_epoch} ({latest}); resuming from it would rewrite {run_dir / METRICS_FILE} without epochs "
+        f"{latest_epoch} ({latest}); resuming from it would rewrite {RunDir(run_dir).metrics} without epochs "
         f"{epoch + 1}-{latest_epoch}. To continue the run, resume from its latest state: --resume {run_dir}. "
         f"To continue from {ckpt_file.name} and keep this run's history, branch a copy: cp -r {run_dir} {branch} "
-        f"&& cp {ckpt_file} {branch / LAST_CHECKPOINT} && captioner train --resume {branch}")
+        f"&& cp {ckpt_file} {RunDir(branch).last} && captioner train --resume {branch}")
 
 
 def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
@@ -546,7 +525,7 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
 
         scst = SelfCritical(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
-    run = _Run(cfg, Path(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
+    run = _Run(cfg, RunDir(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
                val_decode_set, scst, optimizer, _build_scheduler(cfg, optimizer),
                Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}), started)
     # The training stream starts here, so it does not depend on whether feature extraction (which
@@ -578,14 +557,14 @@ def _open_run_dir(run: _Run) -> None:
         return
     from captioner.training.tblog import open_run_logs
 
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(run.cfg, run.run_dir / "config.yaml")
-    run.vocab.save(run.run_dir / "vocab.json")
+    run.run_dir.root.mkdir(parents=True, exist_ok=True)
+    save_config(run.cfg, run.run_dir.config)
+    run.vocab.save(run.run_dir.vocab)
     # The checkpoint's history is the log's source of truth: a resumed run rewrites the log from
     # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
     # duplicated, and an epoch checkpointed but not yet logged is not lost.
-    _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
-    run.writer = open_run_logs(run.run_dir, run.cfg.train.tensorboard, run.cfg.train.wandb, config_to_dict(run.cfg),
+    _write_metrics(run.run_dir.metrics, run.progress.history)
+    run.writer = open_run_logs(run.run_dir.root, run.cfg.train.tensorboard, run.cfg.train.wandb, config_to_dict(run.cfg),
                                resumed=run.progress.epoch > 0)
 
 
@@ -618,7 +597,7 @@ def _restore_scaler(run: _Run, payload: dict) -> None:
         run.scaler.load_state_dict(state)
     elif run.scaler.is_enabled():
         log.warning("%s holds no gradient-scaler state: fp16 loss scaling restarts from its initial scale",
-                    run.run_dir / LAST_CHECKPOINT)
+                    run.run_dir.last)
 
 
 def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
@@ -697,7 +676,7 @@ def _select(run: _Run, entry: dict[str, Any], epoch: int, stats: _EpochStats) ->
 
 def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     """last.pt (everything an exact resume needs), best.pt when improved, the metrics log, a summary line."""
-    from captioner.store.checkpoint import EPOCHS_DIR, save_checkpoint
+    from captioner.store.checkpoint import save_checkpoint
 
     if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
@@ -706,13 +685,13 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
             "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
             "config": config_to_dict(run.cfg),
             "vocab": run.vocab.to_dict(), **run.progress.payload()}
-    save_checkpoint(run.run_dir / LAST_CHECKPOINT, ckpt)
+    save_checkpoint(run.run_dir.last, ckpt)
     if improved:
-        save_checkpoint(run.run_dir / "best.pt", ckpt)
+        save_checkpoint(run.run_dir.best, ckpt)
     if run.cfg.train.keep_epochs:  # weights only: what decoding, ensembles and averaging read
         snapshot = {k: v for k, v in ckpt.items() if k not in RESUME_ONLY}
-        save_checkpoint(run.run_dir / EPOCHS_DIR / f"epoch-{entry['epoch']:03d}.pt", snapshot)
-    _write_metrics(run.run_dir / METRICS_FILE, run.progress.history)
+        save_checkpoint(run.run_dir.epoch(entry["epoch"]), snapshot)
+    _write_metrics(run.run_dir.metrics, run.progress.history)
     print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
 
 
@@ -751,23 +730,23 @@ def train(cfg: Config, resume: str | None = None) -> Path:
             if _end_epoch(run, epoch, stats):
                 break
     if os.environ.get(WEIGHTS_HASH_ENV):
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run.run_dir / f"weights-rank{run.rank}.sha256", _weights_hash(run.model) + "\n")
+        run.run_dir.root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")
     if run.is_main and cfg.train.average_last:
         _write_average(run.run_dir, cfg.train.average_last)
     if run.writer is not None:
         run.writer.close()
     barrier(run.world)
-    return run.run_dir
+    return run.run_dir.root
 
 
-def _write_average(run_dir: Path, last: int) -> None:
+def _write_average(run_dir: RunDir, last: int) -> None:
     """``train.average_last``: RUN/averaged.pt, the mean of the weights of the run's last ``last`` epochs."""
-    from captioner.store.checkpoint import AVERAGED_CHECKPOINT, average_checkpoints, epoch_snapshots, save_checkpoint
+    from captioner.store.checkpoint import average_checkpoints, save_checkpoint
 
-    snapshots = epoch_snapshots(run_dir)[-last:]
-    save_checkpoint(run_dir / AVERAGED_CHECKPOINT, average_checkpoints(snapshots))
-    log.info("%s: the mean of %s", run_dir / AVERAGED_CHECKPOINT, ", ".join(p.name for p in snapshots))
+    snapshots = run_dir.epoch_snapshots()[-last:]
+    save_checkpoint(run_dir.averaged, average_checkpoints(snapshots))
+    log.info("%s: the mean of %s", run_dir.averaged, ", ".join(p.name for p in snapshots))
 
 
 # What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value

@@ -6,10 +6,10 @@ Soft, Eq. (14), per caption:   L_b = -Σ_t log p(y_t | a) + λ Σ_i (1 - Σ_t α
     words). The loss here is Σ_b L_b / N, N the number of real (unpadded) target words in the
     batch: the cross-entropy part is the usual per-token mean (so learning rates mean what they
     usually mean) and the penalty keeps the paper's scale relative to it. λ (``train.alpha_c``)
-    is therefore the paper's λ. (An earlier version added the batch mean of the penalty to the
-    per-token mean NLL: λ weighed about T ≈ 12 times more than the paper's, and on Flickr8k
-    that pushed attention to uniform, the penalty's minimum when a caption has fewer words than
-    the grid has cells.) The penalty sums t over real steps only.
+    is therefore the paper's λ. (Adding the batch mean of the penalty to the per-token mean NLL
+    instead would weigh λ about T ≈ 12 times more than the paper's; on Flickr8k that pushes
+    attention to uniform, the penalty's minimum when a caption has fewer words than the grid
+    has cells.) The penalty sums t over real steps only.
 
 Attention sharpness (not in the paper, ``train.alpha_entropy`` = γ, 0 by default): both losses can
 add γ · (1/N) Σ_b Σ_t H(α_t) / log L, the mean normalised entropy of each word's attention. On
@@ -197,9 +197,8 @@ def linear_token_nll(x: Tensor, weight: Tensor, bias: Tensor | None, targets: Te
 def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
     """-log p of the real (unpadded) target tokens, packed: (R,) NLL and (R,) caption index.
 
-    A DecoderOutput hands over the output layer's inputs on the real steps (``packed_features``): the output
-    layer then runs fused with the loss (linear_token_nll). Anything else with logits and mask goes through
-    real_token_logits.
+    ``output`` is a DecoderOutput: it hands over the output layer's inputs on the real steps (``packed_features``)
+    and the output layer's parameters, which then run fused with the loss (linear_token_nll).
     """
     nll, rows = _real_token_nll_rows(output, targets)
     return nll, torch.div(rows, targets.shape[1], rounding_mode="floor")
@@ -207,47 +206,14 @@ def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
 
 def _real_token_nll_rows(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
     """real_token_nll with each value's flat index b * T + t into targets (B, T) instead of its caption."""
-    features = getattr(output, "packed_features", None)
-    if features is None:
-        logits, real_targets, rows = _real_token_logits_rows(output, targets)
-        return token_nll(logits, real_targets), rows
     rows = output.rows  # (R,) flat indices b * T + t
-    nll = linear_token_nll(features, output.output_weight, output.output_bias,
+    nll = linear_token_nll(output.packed_features, output.output_weight, output.output_bias,
                            targets.reshape(-1).index_select(0, rows))
     return nll, rows
 
 
-def real_token_logits(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The logits of the real (unpadded) target tokens, packed: (R, V) logits, (R,) targets and (R,) caption index.
-
-    Uses the decoder's packed logits (``DecoderOutput.packed_logits``, only real steps were ever computed)
-    when the output has them; otherwise selects output.logits[output.mask].
-    """
-    packed, real_targets, rows = _real_token_logits_rows(output, targets)
-    return packed, real_targets, torch.div(rows, targets.shape[1], rounding_mode="floor")
-
-
-def _real_token_logits_rows(output: Any, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    B, T = targets.shape
-    packed = getattr(output, "packed_logits", None)
-    if packed is not None:
-        rows = output.rows  # (R,) flat indices b * T + t
-    else:
-        rows = output.mask.reshape(-1).nonzero().squeeze(1)  # (R,)
-        packed = output.logits.reshape(B * T, -1).index_select(0, rows)
-    return packed, targets.reshape(-1).index_select(0, rows), rows
-
-
-def masked_cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-    """Mean negative log-likelihood over real tokens: logits (B, T, V), targets (B, T), mask (B, T)."""
-    B, T, V = logits.shape
-    rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) real tokens only
-    nll = token_nll(logits.reshape(B * T, V).index_select(0, rows), targets.reshape(-1).index_select(0, rows))
-    return nll.sum() / max(rows.numel(), 1)
-
-
 def sequence_cross_entropy(output: Any, targets: Tensor) -> Tensor:
-    """masked_cross_entropy of a DecoderOutput (or anything with logits and mask): the packed fast path."""
+    """Mean negative log-likelihood over the real (unpadded) target tokens of a DecoderOutput (real_token_nll)."""
     nll, _ = real_token_nll(output, targets)
     return nll.sum() / max(nll.numel(), 1)
 
@@ -501,7 +467,7 @@ def scst_loss(sample: Any, rewards: Tensor, baselines: Tensor, entropy_weight: f
         "advantage_abs": advantage.abs().mean(),
         "sample_length": sample.lengths.float().mean(),
     }
-    entropies = getattr(sample, "location_entropies", None)
+    entropies = sample.location_entropies
     if entropy_weight:
         if entropies is None:
             raise ValueError("scst_loss: an entropy bonus needs the location entropies of hard attention")

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from captioner.store.rundir import RunDir
+
 log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
 INSTALL_HINT = "pip install 'captioner[tensorboard]' (or pip install tensorboard)"
@@ -36,7 +38,7 @@ class TensorBoardLog:
     def __init__(self, run_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.writer = SummaryWriter(str(RunDir(run_dir).tensorboard))
 
     def step(self, parts: dict[str, Any], lr: float, step: int) -> None:
         for name, value in parts.items():

@@ -20,7 +20,7 @@ the decoder talks to it through these members of ``CaptionDecoder`` and nothing 
     vocab_size, pad_id, attention_kind (the attention whose maps the overlays show, recorded in outputs)
 
 A decoder implements ``forward``, ``init_state`` and ``next_logits`` (one step's raw logits and attention
-read); the base class derives ``step_with_location``, ``step``, ``sample`` and ``expand_state`` from them. A
+read); the base class derives ``step_with_location``, ``sample`` and ``expand_state`` from them. A
 fast implementation may override any of them, as long as it computes the same thing.
 """
 from __future__ import annotations
@@ -253,11 +253,6 @@ class CaptionDecoder(nn.Module, ABC):
         logits, read, state = self.next_logits(tokens, state, attention_mode)
         log_probs = F.log_softmax(logits, dim=-1) if dense else Logits(logits)
         return log_probs, read.alpha, read.index, state
-
-    def step(self, tokens: Tensor, state: State, attention_mode: str = "expectation") -> tuple[Tensor, Tensor, State]:
-        """One word for N states: tokens (N,) -> (log_probs (N, V), alpha (N, L), new state)."""
-        log_probs, alpha, _, state = self.step_with_location(tokens, state, attention_mode)
-        return log_probs, alpha, state
 
     def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
                attention_mode: str | None = None, forbid_ids: tuple[int, ...] = (), greedy: bool = False,

@@ -51,6 +51,3 @@ class InferenceCache:
         if entry is None or entry[0] != key:
             entry = self._entries[name] = (key, build())
         return entry[1]
-
-    def clear(self) -> None:
-        self._entries.clear()

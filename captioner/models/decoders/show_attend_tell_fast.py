@@ -97,7 +97,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         Without autograd and with enough beams (_projects_values), the values are replaced by
         values @ [W_ih,z; L_z]^T (B, L, 4H + E): the context z = sum_i alpha_i a_i (or a_s) only ever enters
         the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
-        beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step() reads it the same way.
+        beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step_with_location() reads it the same way.
         """
         if not fast_paths.enabled():
             return super().expand_state(state, beams)
@@ -135,7 +135,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     def _step_weights(self) -> _LoopWeights:
         """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py). Without
-        autograd they are built once per set of weights (step() runs once per word) and keep their MKL
+        autograd they are built once per set of weights (step_with_location() runs once per word) and keep their MKL
         packings (StepWeight)."""
         if torch.is_grad_enabled():
             return self._build_step_weights()
