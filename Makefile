@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/captioner demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check captioner tests scripts examples
 	$(VENV)/bin/python -m pytest -q
 
 test-fast: $(STAMP)

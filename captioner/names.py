@@ -1,19 +1,23 @@
 """The names of every choice a config can make, in one torch-free module below the config and the code.
 
 The config checks a run's choices at load (an unknown ``model.decoder.kind`` is refused there, listing the
-valid ones) without importing the models, the data readers or torch: ``captioner/config.py`` imports this
-module and nothing else of the package. The code that behaves differently per name owns the behaviour:
+valid ones) without importing the models, the data readers or torch: of the package, ``captioner/config.py``
+imports only this module (and ``atomic.py``, to write a config). The code that behaves differently per name
+owns the behaviour:
 
-- plain tuples are defined here once and imported by that code under the same names
-  (``models/attention.py``: DECODING_MODES, ``losses.py``: HARD_ESTIMATORS, ``optim.py``: OPTIMIZERS,
-  ``wblog.py``: MODES, ``data/datasets.py``: SPLITS, ``models/decoders/show_attend_tell.py``: GATES);
+- plain tuples are defined here once and imported by that code: DECODING_MODES (``models/attention.py``,
+  ``decoding/options.py``, ``commands/arguments.py``), SPLITS (``data/datasets.py``, ``commands/evaluate.py``,
+  ``commands/extract.py``, ``commands/score.py``), GATES (``models/decoders/show_attend_tell.py``), OPTIMIZERS
+  (``training/optim.py``), WANDB_MODES (``training/wblog.py``, as MODES) and ENSEMBLE_ATTENTIONS
+  (``models/ensemble.py``, ``commands/caption.py``, ``commands/evaluate.py``);
 - registries of classes or functions stay beside their code and are checked against their tables here by
   tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
-  (``models/attention.py``), DECODERS (``models/decoders``), LOADERS (``data/datasets.py``); so is each
-  decoder's constructor signature against DECODER_ARGUMENTS.
+  (``models/attention.py``), DECODERS (``models/decoders``), LOADERS (``data/datasets.py``), ESTIMATORS
+  (``training/estimators.py``, against HARD_ESTIMATORS); so is each decoder's constructor signature against
+  DECODER_ARGUMENTS.
 
-Adding a scorer, an attention, a decoder or a data format takes its name here as well as its entry in the
-registry; the test says which table lags.
+Adding a scorer, an attention, a decoder, a data format or an estimator takes its name here as well as its
+entry in the registry; the test says which table lags.
 """
 
 from __future__ import annotations

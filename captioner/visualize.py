@@ -24,18 +24,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image, ImageDraw, ImageFont
 
+from captioner.evaluation.metrics import as_numpy
+
 UPSAMPLING = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}  # torch interpolate modes
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor, possibly on an accelerator or requiring grad
-        x = x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=np.float32)
 
 
 def _check_inputs(words: Sequence[str], alphas: Any, grid_hw: tuple[int, int], chosen) -> np.ndarray:
     H, W = grid_hw
-    a = _as_numpy(alphas)
+    a = as_numpy(alphas, np.float32)
     if a.ndim != 2 or a.shape != (len(words), H * W):
         raise ValueError(
             f"alphas has shape {tuple(a.shape)} but {len(words)} words on a grid_hw={tuple(grid_hw)} grid "
@@ -78,7 +74,7 @@ def attention_heatmap(
         raise ValueError(f"unknown upsample {upsample!r}; valid: {sorted(UPSAMPLING)}")
     H, W = grid_hw
     W_img, H_img = size
-    a = torch.from_numpy(_as_numpy(alpha).reshape(1, 1, H, W))  # (L,) -> (1, 1, H, W)
+    a = torch.from_numpy(as_numpy(alpha, np.float32).reshape(1, 1, H, W))  # (L,) -> (1, 1, H, W)
     mode = UPSAMPLING[upsample]
     kwargs = {} if mode == "nearest" else {"align_corners": False}
     heat = F.interpolate(a, size=(H_img, W_img), mode=mode, **kwargs)  # (1, 1, H_img, W_img)
@@ -171,7 +167,7 @@ def overlay_frames(
 ) -> list[Image.Image]:
     """One RGB image per word: ``image`` with the word's alpha (n_words, H*W) laid over it (smoothed,
     scaled to its own maximum); the cell hard attention read (``chosen``) outlined in white."""
-    a = _as_numpy(alphas)
+    a = as_numpy(alphas, np.float32)
     img = _rgb(image)
     base = np.asarray(img, dtype=np.float32)  # (H_img, W_img, 3)
     colour_map = colormaps[cmap]

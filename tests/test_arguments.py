@@ -1,6 +1,6 @@
 """Numeric command-line options out of range are refused before any work, with argparse's message naming
-the flag and the value (captioner/commands/arguments.py): `evaluate --beam 0` used to fall back to the checkpoint's
-beam and `--max-images -5` to drop the last five images, both silently."""
+the flag and the value (captioner/commands/arguments.py): `evaluate --beam 0` does not fall back to the
+checkpoint's beam, nor `--max-images -5` drop the last five images, silently."""
 
 from __future__ import annotations
 

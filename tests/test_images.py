@@ -276,9 +276,9 @@ def _peak_rss_growth_mb(path: Path) -> float:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc/self/status")
 def test_a_16_bit_image_costs_no_whole_image_wide_copies(tmp_path):
-    """The 16-bit path made int64 and float64 copies of the whole image: about 30 bytes per pixel of peak
-    memory (the issue's 9400x9400 PNG of 172 kB: 2.36 GB). Decoded (2 bytes a pixel), converted to 8 bits
-    (1) and to RGB (3), it now needs well under 12."""
+    """int64 and float64 copies of a whole 16-bit image would cost about 30 bytes per pixel of peak memory
+    (the issue's 9400x9400 PNG of 172 kB: 2.36 GB). Decoded (2 bytes a pixel), converted to 8 bits (1) and to
+    RGB (3), the image needs well under 12."""
     side = 3000
     path = tmp_path / "wide.png"
     path.write_bytes(giant_16bit_png(side, side))

@@ -341,8 +341,8 @@ def test_library_is_built_once_and_keyed_by_the_compiler_version(fresh_load, mon
 
 @pytest.mark.parametrize("where", ["directory", "file", "owner"])
 def test_a_library_planted_where_others_can_write_is_never_loaded(fresh_load, tmp_path, where):
-    """A file at the predictable cache path used to be loaded (and its constructor run) whoever put it there.
-    Now a cache directory or file writable by group or others, or owned by another user, is not used."""
+    """A file at the predictable cache path is not loaded (nor its constructor run) whoever put it there: a
+    cache directory or file writable by group or others, or owned by another user, is not used."""
     if where == "owner" and os.getuid() != 0:
         pytest.skip("giving a file to another user needs root")
     marker = tmp_path / "constructor-ran"
@@ -363,8 +363,8 @@ def test_a_library_planted_where_others_can_write_is_never_loaded(fresh_load, tm
 
 @pytest.mark.parametrize("damage", ["garbage", "missing-symbol"])
 def test_a_cached_library_that_does_not_load_or_bind_is_rebuilt_once(fresh_load, tmp_path, damage):
-    """A corrupt cached file used to mean the PyTorch path forever, and one that loaded but lacked a function
-    raised AttributeError out of available(); now either is rebuilt, and the rebuilt file is cached."""
+    """A corrupt cached file does not mean the PyTorch path forever, nor does one that loads but lacks a
+    function raise AttributeError out of available(): either is rebuilt, and the rebuilt file is cached."""
     fresh_load.mkdir(mode=0o700)
     target = _cached_path(fresh_load)
     if damage == "garbage":

@@ -44,8 +44,8 @@ def test_decodes_are_permutations_and_pointed_positions_are_masked(scorer):
 @pytest.mark.slow
 def test_learns_to_sort_five_numbers():
     # Exact-match accuracy on 2,000 fresh sequences after 150 / 200 / 300 steps (seeds 0, 1, 2): 0.975-0.979 /
-    # 0.978-0.982 / 0.983-0.985; chance is 1/120. 200 steps keep the bar of 0.9 well clear at a third of the 600
-    # this test used to take.
+    # 0.978-0.982 / 0.983-0.985; chance is 1/120. 200 steps keep the bar of 0.9 well clear in a third of the time
+    # 600 would take.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

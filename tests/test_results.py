@@ -101,3 +101,14 @@ def test_image_ids_and_malformed_results(tmp_path):
     bad.write_text(json.dumps([{"image_id": 1, "text": "x"}]))
     with pytest.raises(ResultsError, match=r"bad.json: entry \[0\] is not an object with an image_id and a caption"):
         read_results(bad)
+
+
+def test_the_score_table_and_the_evaluate_table_print_the_same_score_rows():
+    from captioner.evaluation.score import format_scores, score_rows
+
+    result = {"results": "r.json", "references": "refs.json", "split": None, "n_images": 2, "tokenizer": "simple",
+              "scores": {"BLEU-4": 12.5, "METEOR": None}}
+    head, *rows = format_scores(result).splitlines()
+    assert rows == score_rows(result, head) == [
+        "tokenizer=simple  (not PTB: scores differ slightly from published tables)", "-" * len(head),
+        "BLEU-4      12.50", "METEOR     unavailable"]

@@ -72,8 +72,8 @@ def _falling_scores(monkeypatch):
 
 
 def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_root, tmp_path, monkeypatch, capsys):
-    """`--resume RUN/best.pt` used to be accepted and rewrote metrics.jsonl from best.pt's history, losing the
-    later epochs. Now it is refused with the way to branch a copy, and following that way keeps both."""
+    """`--resume RUN/best.pt` is refused (it would rewrite metrics.jsonl from best.pt's history, losing the
+    later epochs) with the way to branch a copy, and following that way keeps both."""
     _falling_scores(monkeypatch)
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=2"))
     assert load_checkpoint(run / "best.pt")["epoch"] == 1 and len(_log(run)) == 2
@@ -93,7 +93,8 @@ def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_roo
 
 
 def test_resume_with_another_process_count_is_refused(data_root, tmp_path, monkeypatch, capsys):
-    """Resuming with more processes than were saved used to hand rank 0's RNG state to the new ranks."""
+    """Resuming with more processes than were saved is refused: it would hand rank 0's RNG state to the new
+    ranks."""
     import captioner.training.loop as train_mod
 
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))

@@ -1,9 +1,9 @@
 """What `captioner serve` refuses (captioner/serving/limits.py), one test per reproduction of issue 29:
 
-- a 9400x9400 16-bit PNG of 172 kB (2.36 GB and 5.8 s a request before) is refused from its header (400);
+- a 9400x9400 16-bit PNG of 172 kB (2.36 GB and 5.8 s a request to decode) is refused from its header (400);
 - a body over the limit is answered 413 while it streams in, long before it has all arrived, and no upload is
-  ever written to disk (every multipart body used to be spooled to a temporary file first);
-- a file name with a NUL byte (a 500 before) is answered 200, the name cleaned;
+  ever written to disk (no multipart body is spooled to a temporary file);
+- a file name with a NUL byte is answered 200 (not 500), the name cleaned;
 - a Host header that is not this server's (DNS rebinding) is refused, and --token is enforced;
 - beyond the uploads in flight and waiting, the answer is 503 at once, with Retry-After.
 
@@ -68,7 +68,7 @@ def test_a_16_bit_giant_is_refused_from_its_header(model):
     assert answer.status == 400, answer
     detail = answer.json()["detail"]
     assert "'giant.png'" in detail and "too many pixels: 9400x9400" in detail and "max_pixels=40000000" in detail
-    assert answer.seconds < 10  # no decode: a header read (it used to take 5.8 s of CPU and 2.36 GB)
+    assert answer.seconds < 10  # no decode: a header read (decoding takes 5.8 s of CPU and 2.36 GB)
 
 
 def test_an_oversized_body_is_413_while_it_streams_and_nothing_reaches_disk(model, photo):

@@ -167,9 +167,9 @@ def test_the_hard_attention_model_is_shipped_and_reads_one_cell_per_word():
 
 
 def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, monkeypatch, capsys):
-    """A truncated config.json beside its weights used to make the model vanish from available_models without
-    a word (the JSONDecodeError was swallowed); now the listing warns naming the file, loading the name says
-    why it cannot, and `caption --list-models` prints it and exits 1."""
+    """A truncated config.json beside its weights does not make the model vanish from available_models without
+    a word (a swallowed JSONDecodeError): the listing warns naming the file, loading the name says why it
+    cannot, and `caption --list-models` prints it and exits 1."""
     import captioner.store.zoo as zoo
 
     export_model(smoke_checkpoint, tmp_path / "tiny", dtype="float32")

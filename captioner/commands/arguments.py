@@ -1,5 +1,6 @@
 """What the commands share of their arguments: value types that refuse out-of-range numbers, so argparse's
-message names the flag, and the decoding flags of `captioner caption`, `evaluate` and `serve`.
+message names the flag, the decoding flags of `captioner caption`, `evaluate` and `serve`, and the scoring
+flags of `captioner evaluate` and `score` (``add_scoring_flags``).
 
 ``parser.add_argument("--beam", type=int_at_least(1))`` turns ``--beam 0`` into
 ``error: argument --beam: must be >= 1, got 0`` (exit status 2) instead of a silent fallback or a slice
@@ -17,6 +18,7 @@ import math
 from typing import Any, Callable
 
 from captioner.decoding.options import DecodeOptionError, DecodeOptions
+from captioner.evaluation.metrics import TOKENIZERS
 from captioner.names import DECODING_MODES
 
 
@@ -70,6 +72,14 @@ def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> No
                         help="beam ranking: score / length ** P (default: the model's eval.length_penalty)")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
                         help="never let a caption repeat a trigram (default: the model's eval.block_trigrams)")
+
+
+def add_scoring_flags(parser: argparse.ArgumentParser) -> None:
+    """--tokenizer and --no-meteor: how `captioner evaluate` and `captioner score` score captions."""
+    parser.add_argument("--tokenizer", choices=("auto", *TOKENIZERS), default="auto",
+                        help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
+                             "simple; auto = ptb when Java is present, else treebank")
+    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
 
 
 def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Any,

@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["split"] = "test"
     print(format_table(result, "test"))
 
-    print(f"[3/4] captioning {args.n_captions} test images with beam {cfg.eval.beam_size}, writing overlays")
+    print(f"[3/4] captioning {args.n_captions} test images with beam {model.decode_options.beam}, writing overlays")
     overlay_dir = run_dir.overlays
     captions = caption_records(model, records[: args.n_captions], overlay_dir)
 

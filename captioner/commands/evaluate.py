@@ -11,12 +11,12 @@ import sys
 from typing import Sequence
 
 from captioner.api import load_captioner
-from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
+from captioner.commands.arguments import add_decode_flags, add_scoring_flags, decode_options, int_at_least
 from captioner.atomic import write_text_atomic
 from captioner.data.images import JPEG_QUALITIES
 from captioner.evaluation.split import cached_grids, evaluate_model, format_table
 from captioner.evaluation.metrics import resolve_tokenizer
-from captioner.names import ENSEMBLE_ATTENTIONS
+from captioner.names import ENSEMBLE_ATTENTIONS, SPLITS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,15 +31,12 @@ def _parser() -> argparse.ArgumentParser:
                              "the first model's or the mean of all (default: first)")
     parser.add_argument("--forbid-unk", action="store_true",
                         help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
-    parser.add_argument("--split", default=None, choices=("train", "val", "test"),
+    parser.add_argument("--split", default=None, choices=SPLITS,
                         help="default: the checkpoint's eval.split")
     add_decode_flags(parser, n_best=False)  # --beam, --attention-mode, --max-length, ...
-    parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
-                        help="tokenizer for scoring: ptb (coco-caption, needs Java), treebank (nltk, no Java), "
-                             "simple; auto = ptb when Java is present, else treebank")
+    add_scoring_flags(parser)  # --tokenizer, --no-meteor
     parser.add_argument("--max-images", type=int_at_least(0), default=0,
                         help="score only the first N images (0 = all)")
-    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
     parser.add_argument("--instances", default=None,
                         help="COCO instances_*.json: also report attention grounding on instance masks")

@@ -20,6 +20,7 @@ from captioner.commands.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
 from captioner.models.encoder import EncoderWeightsError
+from captioner.names import SPLITS
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -41,7 +42,7 @@ def _split_records(data: Any, splits: str | None) -> tuple[list[str], list[Any]]
         names = [s.strip() for s in splits.split(",") if s.strip()]
         return names, [r for split in names for r in records_of(split)]
     names, records = [], []
-    for split in ("train", "val", "test"):
+    for split in SPLITS:
         try:
             records += records_of(split)
             names.append(split)

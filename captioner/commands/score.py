@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Sequence
 
+from captioner.commands.arguments import add_scoring_flags
 from captioner.data.records import DataError
 from captioner.names import SPLITS
 from captioner.evaluation.results import ResultsError
@@ -28,9 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=SPLITS, default=None,
                         help="score against every image of this split (Karpathy JSON, or a captions file with a "
                              "split column); default: the images of the results file")
-    parser.add_argument("--tokenizer", choices=("auto", "ptb", "treebank", "simple"), default="auto",
-                        help="as in `captioner evaluate`: auto = ptb when Java is present, else treebank")
-    parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
+    add_scoring_flags(parser)  # --tokenizer, --no-meteor
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:

@@ -160,7 +160,7 @@ def _wide_strips(im: Image.Image) -> Iterator[tuple[int, np.ndarray]]:
 
 def _wide_to_l(im: Image.Image) -> Image.Image:
     """16/32-bit integer or float samples -> 8-bit L, strip by strip: the int64 / float64 arithmetic never holds
-    more than a strip (a 9400x9400 16-bit PNG of 172 kB used to cost 2.4 GB as whole-image copies).
+    more than a strip (a 9400x9400 16-bit PNG of 172 kB would cost 2.4 GB as whole-image copies).
 
     Integers: 16-bit samples map onto 0..255 as v / 257 (65535 / 257 = 255, no clipping); values outside
     16 bits (rare 32-bit TIFFs) are min-max scaled. Floats: NaN -> 0, +-inf -> 255 / 0, and [0, 1] images

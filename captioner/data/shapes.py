@@ -36,7 +36,6 @@ from captioner.data.vocab import tokenize
 SHAPES = ["circle", "square", "triangle", "star"]
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
 SIZES = ["small", "large"]
-SPLITS = ["train", "val", "test"]
 
 JSON_NAME = "dataset_shapes.json"
 IMAGE_DIR = "images"

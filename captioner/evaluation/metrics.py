@@ -223,10 +223,11 @@ def _meteor(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: flo
 # attention grounding
 
 
-def _as_numpy(x: Any) -> np.ndarray:
+def as_numpy(x: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``x`` (an array-like, or a torch tensor on any device, requiring grad or not) as a numpy array of ``dtype``."""
     if hasattr(x, "detach"):  # torch tensor, possibly on an accelerator or requiring grad
         x = x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
+    return np.asarray(x, dtype=dtype)
 
 
 def _cell_overlap(n_cells: int, n_pixels: int) -> np.ndarray:
@@ -264,10 +265,10 @@ def grounding_from_mask(alpha: Any, grid_hw: tuple[int, int], mask: Any) -> floa
     For COCO instance masks (pycocotools `annToMask`); alpha is renormalised to sum 1.
     """
     H, W = grid_hw
-    a = _as_numpy(alpha).reshape(-1)
+    a = as_numpy(alpha).reshape(-1)
     if a.size != H * W:
         raise ValueError(f"alpha has {a.size} values but grid_hw {grid_hw} needs {H * W}")
-    return _share_inside(a, region_fraction(grid_hw, _as_numpy(mask)))
+    return _share_inside(a, region_fraction(grid_hw, as_numpy(mask)))
 
 
 def boxes_mask(boxes: Iterable[Sequence[float]], image_size: tuple[int, int]) -> np.ndarray:
@@ -312,7 +313,7 @@ def grounding_shares(
         One value in [0, 1] per referring word, in caption order (empty when no word refers).
     """
     H, W = grid_hw
-    a = _as_numpy(alphas)
+    a = as_numpy(alphas)
     if a.ndim != 2 or a.shape != (len(words), H * W):
         raise ValueError(
             f"alphas must be (n_words={len(words)}, H*W={H * W}) for grid_hw {grid_hw}, got shape {a.shape}"
@@ -404,7 +405,7 @@ class CocoInstanceRegions:
         the image is not in the file."""
         if coco_image_id not in self.coco.imgs:
             return []
-        alphas = _as_numpy(alphas)
+        alphas = as_numpy(alphas)
         values = []
         for i, word in enumerate(words):
             cat = self.category(word)
@@ -428,7 +429,7 @@ def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
     also gives ``locations`` (L). Both figures are None when there are no words."""
     maxima, entropies, L = [], [], None
     for a in alphas:
-        a = _as_numpy(a).astype(np.float64)
+        a = as_numpy(a).astype(np.float64)
         if a.ndim != 2 or a.shape[0] == 0:
             continue
         L = a.shape[1]
@@ -446,8 +447,8 @@ def cells_of(alphas: Any, locations: Sequence[int] | None = None) -> np.ndarray:
     argmax/sample modes), else the arg-max of each word's α (soft attention, expectation decoding).
     alphas (n_words, L) -> (n_words,) ints."""
     if locations is not None:
-        return np.asarray(locations, dtype=np.int64)[: _as_numpy(alphas).shape[0]]
-    return _as_numpy(alphas).argmax(axis=1).astype(np.int64)
+        return np.asarray(locations, dtype=np.int64)[: as_numpy(alphas).shape[0]]
+    return as_numpy(alphas).argmax(axis=1).astype(np.int64)
 
 
 def attention_movement(cells: Iterable[Sequence[int]]) -> dict[str, float | None]:
@@ -515,7 +516,7 @@ def mirror_following(pairs: Iterable[tuple], grid_hw: tuple[int, int], symmetric
     flipped, unflipped, follows, columns, mirror, stay = [], [], [], 0, 0, 0
     for words_a, alphas_a, locs_a, words_b, alphas_b, locs_b in pairs:
         uses_a, uses_b = _first_uses(words_a), _first_uses(words_b)
-        a_maps, b_maps = _as_numpy(alphas_a).reshape(-1, H, W), _as_numpy(alphas_b).reshape(-1, H, W)
+        a_maps, b_maps = as_numpy(alphas_a).reshape(-1, H, W), as_numpy(alphas_b).reshape(-1, H, W)
         for word in uses_a.keys() & uses_b.keys():
             i, j = uses_a[word], uses_b[word]
             over_flipped, over_unflipped, self_mirror = _map_overlaps(a_maps[i], b_maps[j])

@@ -1,7 +1,8 @@
 """Scoring a COCO-format results file, from this project (``captioner evaluate --results-file``) or any other
 system, against references in a Karpathy split JSON, COCO caption annotations or a captions file, with the
 metrics `captioner evaluate` reports (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D on the 0-100 scale, after
-coco-caption's PTB tokenizer when Java is present): ``score_file`` and its table, ``format_scores``.
+coco-caption's PTB tokenizer when Java is present): ``score_file`` and its table, ``format_scores``, whose
+rows of scores (``score_rows``) `captioner evaluate`'s table shares.
 captioner/evaluation/results.py reads and matches the files; ``captioner score`` is captioner/commands/score.py.
 """
 
@@ -28,8 +29,15 @@ def score_file(results_path: str | Path, references_path: str | Path, split: str
 def format_scores(result: dict) -> str:
     head = (f"results={result['results']}  references={result['references']}"
             + (f"  split={result['split']}" if result["split"] else "") + f"  images={result['n_images']}")
-    rows = [head, f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
-                                                         if result["tokenizer"] == "ptb" else ""), "-" * len(head)]
+    return "\n".join([head, *score_rows(result, head)])
+
+
+def score_rows(result: dict, head: str) -> list[str]:
+    """The lines under a scores table's heading ``head`` (``format_scores`` here, ``format_table`` in
+    captioner/evaluation/split.py): the tokenizer, a rule as wide as the heading, one line per caption score."""
+    note = ("  (coco-caption PTB, as published tables)" if result["tokenizer"] == "ptb"
+            else "  (not PTB: scores differ slightly from published tables)")
+    rows = [f"tokenizer={result['tokenizer']}{note}", "-" * len(head)]
     rows += [f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}"
              for name, value in result["scores"].items()]
-    return "\n".join(rows)
+    return rows

@@ -27,6 +27,7 @@ from captioner.data.datasets import MIRROR_SUFFIX
 from captioner.evaluation.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
                                caption_scores, cells_of, cells_read, grounding_shares, mirror_following,
                                resolve_tokenizer)
+from captioner.evaluation.score import score_rows
 
 
 def coco_image_id(record) -> int | None:
@@ -235,14 +236,7 @@ def format_table(result: dict, split: str) -> str:
             + ("  repeated trigrams blocked" if result.get("block_trigrams") else "")
             + (f"  inputs re-encoded as JPEG quality {result['jpeg_quality']}" if result.get("jpeg_quality") else ""))
     ensemble = result.get("ensemble")  # set by `captioner evaluate` for several checkpoints
-    rows = [head] + ([describe_ensemble(**ensemble)] if ensemble else [])
-    rows += [f"tokenizer={result['tokenizer']}" + ("  (coco-caption PTB, as published tables)"
-                                                   if result["tokenizer"] == "ptb" else
-                                                   "  (no Java: not PTB, scores differ slightly "
-                                                   "from published tables)"),
-             "-" * len(head)]
-    for name, value in result["scores"].items():
-        rows.append(f"{name:<10} {'unavailable' if value is None else f'{value:6.2f}'}")
+    rows = [head] + ([describe_ensemble(**ensemble)] if ensemble else []) + score_rows(result, head)
     rows.append(f"vocabulary: {result['vocabulary']} distinct words")
     rows.append(f"distinct captions: {100 * result['distinct_captions']:.1f} %")
     g = result["grounding"]

@@ -10,7 +10,7 @@ bytes reach, so every request is bounded before it costs memory, disk or CPU.
   (a declared Content-Length or the bytes counted so far) the answer is 413 and the rest is never stored,
   so nothing reaches the disk. A body that stalls is answered 408.
 - ``clean_filename``: the uploaded name is only ever echoed back, without path parts, control characters
-  (a NUL byte used to give a 500) or excess length.
+  (a NUL byte among them) or excess length.
 
 The pixel limit (``--max-pixels``, checked from the image header before decoding) is the image loader's
 (captioner/data/images.py), applied to the upload in ``serve.read_upload``.

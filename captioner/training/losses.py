@@ -315,8 +315,8 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
 
 # How hard attention's location policy is trained under cross-entropy (train.hard.estimator): "paper" is
 # hard_attention_loss (Eq. 10-12), "loo" is loo_hard_attention_loss (K samples, leave-one-out baseline), "gumbel"
-# is gumbel_attention_loss (the straight-through Gumbel-softmax read, no REINFORCE term).
-# captioner/names.py names them (HARD_ESTIMATORS), below the config, which checks train.hard.estimator.
+# is gumbel_attention_loss (the straight-through Gumbel-softmax read, no REINFORCE term). training/estimators.py
+# registers them by name (ESTIMATORS); captioner/names.py names them (HARD_ESTIMATORS) for the config.
 
 
 def gumbel_attention_loss(output: Any, targets: Tensor, alpha_c: float = 0.0,
