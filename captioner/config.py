@@ -25,8 +25,8 @@ from typing import Any, Iterable
 import yaml
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
-from captioner.names import (ATTENTION_NAMES, DATA_FORMATS, DECODER_ARGUMENTS, DECODER_KINDS, GATES,
-                             DECODING_MODES, HARD_ESTIMATORS, OPTIMIZERS, SCORER_NAMES, SPLITS, WANDB_MODES)
+# The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
+from captioner.names import CHOICES, DECODER_ARGUMENTS, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 
 
 class ConfigError(ValueError):
@@ -90,7 +90,7 @@ class AttentionConfig:
     """Which scorer and which attention the decoder uses."""
 
     scorer: str = "additive"  # additive | dot | scaled_dot | bilinear
-    attention: str = "soft"  # soft | hard | key_value | multi_head (was ``kind``; the old key still reads)
+    attention: str = "soft"  # soft | hard | key_value | multi_head (the key ``kind`` reads as this: RENAMED)
     heads: int = 1
     attention_dim: int = 512
 
@@ -223,50 +223,6 @@ class Config:
 # Keys renamed so that a field's name is the constructor argument it feeds (old -> new dotted path). Files,
 # overrides and the configs stored in checkpoints and shipped models that use an old name still read.
 RENAMED: dict[str, str] = {"model.attention.kind": "model.attention.attention"}
-
-# Allowed values and ranges, checked by validate(). Keyed by dotted path.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": DATA_FORMATS,
-    "model.attention.scorer": SCORER_NAMES,
-    "model.attention.attention": ATTENTION_NAMES,
-    "model.decoder.gate": GATES,
-    "model.decoder.kind": DECODER_KINDS,
-    "train.optimizer": OPTIMIZERS,
-    "train.lr_schedule": ("none", "step", "cosine"),
-    "train.amp": ("none", "bf16", "fp16"),
-    "train.objective": ("xe", "scst"),
-    "train.tensorboard": ("auto", "on", "off"),
-    "train.wandb": WANDB_MODES,
-    "train.scst.baseline": ("mean", "greedy"),
-    "train.scst.attention_mode": ("sample", "argmax"),
-    "train.hard.estimator": HARD_ESTIMATORS,
-    "train.val_metric": ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1"),
-    "eval.split": SPLITS,
-    "eval.attention_mode": DECODING_MODES,
-}
-POSITIVE = (
-    "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
-    "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
-    "model.decoder.hidden_dim", "model.decoder.layers", "train.epochs", "train.batch_size", "train.lr",
-    "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
-    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
-    "train.hard.temperature", "train.hard.temperature_min",
-)
-NON_NEGATIVE = (
-    "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
-    "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
-    "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
-    "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
-    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
-    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images", "train.scst.xe_weight",
-    "train.average_last",
-)
-UNIT_INTERVAL = (
-    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
-    "data.test_share", "train.hard.baseline_decay",
-    "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
-)
-
 
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)

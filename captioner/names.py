@@ -54,3 +54,58 @@ ENSEMBLE_ATTENTIONS = ("first", "mean")
 # data/datasets.py: LOADERS (data.format) and the splits every format knows
 DATA_FORMATS = ("shapes", "karpathy", "coco", "flickr8k", "captions")
 SPLITS = ("train", "val", "test")
+# training/loop.py: the learning-rate schedule over train.epochs, the autocast dtype and the objective
+LR_SCHEDULES = ("none", "step", "cosine")
+AMP_MODES = ("none", "bf16", "fp16")
+OBJECTIVES = ("xe", "scst")
+# training/loop.py: the metric that picks best.pt (evaluation/metrics.py computes every one)
+VAL_METRICS = ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1")
+# training/tblog.py: train.tensorboard
+TENSORBOARD_MODES = ("auto", "on", "off")
+# training/losses.py: SCST_BASELINES, the self-critical baseline; training/scst.py: how hard attention samples its
+# cells under SCST
+SCST_BASELINES = ("mean", "greedy")
+SCST_ATTENTION_MODES = ("sample", "argmax")
+
+# The allowed values and ranges of the config's settings, keyed by dotted path: config.validate checks them.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.format": DATA_FORMATS,
+    "model.attention.scorer": SCORER_NAMES,
+    "model.attention.attention": ATTENTION_NAMES,
+    "model.decoder.gate": GATES,
+    "model.decoder.kind": DECODER_KINDS,
+    "train.optimizer": OPTIMIZERS,
+    "train.lr_schedule": LR_SCHEDULES,
+    "train.amp": AMP_MODES,
+    "train.objective": OBJECTIVES,
+    "train.tensorboard": TENSORBOARD_MODES,
+    "train.wandb": WANDB_MODES,
+    "train.scst.baseline": SCST_BASELINES,
+    "train.scst.attention_mode": SCST_ATTENTION_MODES,
+    "train.hard.estimator": HARD_ESTIMATORS,
+    "train.val_metric": VAL_METRICS,
+    "eval.split": SPLITS,
+    "eval.attention_mode": DECODING_MODES,
+}
+POSITIVE = (
+    "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
+    "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
+    "model.decoder.hidden_dim", "model.decoder.layers", "train.epochs", "train.batch_size", "train.lr",
+    "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
+    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
+    "train.hard.temperature", "train.hard.temperature_min",
+)
+NON_NEGATIVE = (
+    "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
+    "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
+    "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
+    "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight", "train.hard.entropy_weight",
+    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
+    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images", "train.scst.xe_weight",
+    "train.average_last",
+)
+UNIT_INTERVAL = (
+    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
+    "data.test_share", "train.hard.baseline_decay",
+    "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
+)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import captioner.models.attention as attention_mod
 import captioner.training.loop as train_mod
+import captioner.training.validation as validation_mod
 from captioner import fast_paths
 from captioner.api import build_model
 from captioner.store.checkpoint import load_checkpoint
@@ -250,7 +251,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture
 def no_metrics(monkeypatch):
     """No Java, no metric cost: the training loop is under test, not the captions."""
-    monkeypatch.setattr(train_mod, "score_captions", lambda predictions, references, meteor=False:
+    monkeypatch.setattr(validation_mod, "score_captions", lambda predictions, references, meteor=False:
                         {"BLEU-4": 1.0, "CIDEr-D": 1.0})
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import captioner.training.loop as train_mod
+import captioner.training.validation as validation_mod
 from captioner import fast_paths
 from captioner.api import build_model, load_captioner
 from captioner.cli import main as cli_main
@@ -25,7 +26,8 @@ from captioner.models.attention import check_read
 from captioner.models.decoders import FastShowAttendTellDecoder, build_decoder
 from captioner.models.decoders.contract import shared_dropout
 from captioner.training.scst import SelfCritical
-from captioner.training.loop import INIT_MAY_DIFFER, _init_weights, _load_init, _require_same_sections, train
+from captioner.training.loop import train
+from captioner.training.resume import INIT_MAY_DIFFER, init_weights, load_init, require_same_sections
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -36,7 +38,7 @@ VOCAB = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
 
 
 def _changes(payload: dict, cfg) -> list[str]:
-    return _require_same_sections(payload["config"], cfg, "train.init", "", may_differ=INIT_MAY_DIFFER)
+    return require_same_sections(payload["config"], cfg, "train.init", "", may_differ=INIT_MAY_DIFFER)
 
 
 def _assert_same_weights(model: nn.Module, state: dict) -> None:
@@ -51,17 +53,17 @@ def _assert_same_weights(model: nn.Module, state: dict) -> None:
 
 def test_a_soft_checkpoint_starts_a_hard_model_with_its_weights(smoke_checkpoint, caplog):
     cfg = load_config(SMOKE, [HARD, f"train.init={smoke_checkpoint}"])
-    payload = _load_init(str(smoke_checkpoint))  # a run directory: its best.pt
+    payload = load_init(str(smoke_checkpoint))  # a run directory: its best.pt
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
     assert model.decoder.stochastic
-    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
-        _init_weights(cfg, model, payload)
+    with caplog.at_level(logging.INFO, logger="captioner.training.resume"):
+        init_weights(cfg, model, payload)
     _assert_same_weights(model, payload["model"])
     assert f"initialised from {smoke_checkpoint} (epoch 1); {SWITCH}" in caplog.text
 
 
 def test_the_dropout_rates_may_differ_and_are_listed(smoke_checkpoint):
-    payload = _load_init(str(smoke_checkpoint))
+    payload = load_init(str(smoke_checkpoint))
     assert _changes(payload, load_config(SMOKE)) == []
     cfg = load_config(SMOKE, [HARD, "model.decoder.dropout=0.3", "model.decoder.feature_dropout=0.2"])
     assert _changes(payload, cfg) == ["model.attention.attention: 'soft' -> 'hard'",
@@ -78,17 +80,17 @@ def test_any_other_difference_is_still_refused(smoke_checkpoint, override, secti
     cfg = load_config(SMOKE, [HARD, override, f"train.init={smoke_checkpoint}"])
     with pytest.raises(ConfigError, match=f"train.init=.*the config's '{section}' section differs from the "
                                           f"checkpoint's.*only model.attention.attention"):
-        _init_weights(cfg, None, _load_init(str(smoke_checkpoint)))  # refused before a weight is read
+        init_weights(cfg, None, load_init(str(smoke_checkpoint)))  # refused before a weight is read
 
 
 def test_a_model_folder_starts_a_hard_model(smoke_checkpoint, tmp_path, caplog):
     folder = tmp_path / "soft-folder"
     assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), "--format", "hub", str(folder)]) == 0
     cfg = load_config(SMOKE, [HARD, f"train.init={folder}"])
-    payload = _load_init(str(folder))
+    payload = load_init(str(folder))
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
-    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
-        _init_weights(cfg, model, payload)
+    with caplog.at_level(logging.INFO, logger="captioner.training.resume"):
+        init_weights(cfg, model, payload)
     _assert_same_weights(model, load_captioner(folder).state_dict())  # the float16 weights captioning reads
     assert f"initialised from {folder} (epoch None); {SWITCH}" in caplog.text
 
@@ -96,13 +98,13 @@ def test_a_model_folder_starts_a_hard_model(smoke_checkpoint, tmp_path, caplog):
 def test_the_shipped_soft_model_starts_the_hard_from_soft_config():
     cfg = load_config("flickr8k_hard_from_soft")
     assert cfg.train.init == "flickr8k_soft"
-    assert _changes(_load_init(cfg.train.init), cfg) == ["model.attention.attention: 'soft' -> 'hard'",
+    assert _changes(load_init(cfg.train.init), cfg) == ["model.attention.attention: 'soft' -> 'hard'",
                                                          "model.decoder.feature_dropout: 0.5 -> 0.3"]
 
 
 @pytest.fixture
 def fake_scores(monkeypatch):
-    monkeypatch.setattr(train_mod, "score_captions", lambda predictions, references, meteor=False:
+    monkeypatch.setattr(validation_mod, "score_captions", lambda predictions, references, meteor=False:
                         {"BLEU-4": 1.0, "CIDEr-D": 1.0})
 
 
@@ -112,7 +114,7 @@ def test_a_hard_loo_run_trains_from_a_soft_run(tmp_path, fake_scores, caplog):
                                    "train.num_threads=1", "train.tensorboard_images=0", "train.epochs=1", *overrides])
 
     soft = train(cfg("soft"))
-    with caplog.at_level(logging.INFO, logger="captioner.training.loop"):
+    with caplog.at_level(logging.INFO, logger="captioner.training.resume"):
         hard = train(cfg("hard", HARD, "train.hard.estimator=loo", "train.hard.samples=2", f"train.init={soft}"))
     assert SWITCH in caplog.text
     assert (hard / "best.pt").is_file()

@@ -61,6 +61,7 @@ def test_time_budget_counts_across_a_resume(data_root, tmp_path):
 def _falling_scores(monkeypatch):
     """Validation scores that fall every epoch, so best.pt stays at epoch 1 while last.pt moves on."""
     import captioner.training.loop as train_mod
+    import captioner.training.validation as validation_mod
 
     calls = []
 
@@ -68,7 +69,7 @@ def _falling_scores(monkeypatch):
         calls.append(1)
         return {"BLEU-4": 50.0 - len(calls), "CIDEr-D": 50.0 - len(calls)}
 
-    monkeypatch.setattr(train_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "score_captions", score)
 
 
 def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_root, tmp_path, monkeypatch, capsys):

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from captioner.decoding.search import (Hypothesis, Logits, _row_topk, _RowBans, beam_search, greedy_search,
-                                       map_state)
+from captioner.decoding.logits import _row_topk
+from captioner.decoding.search import Hypothesis, Logits, _RowBans, beam_search, greedy_search, map_state
 
 PAD, START, END = 0, 1, 2
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import captioner.training.loop as train_mod
+import captioner.training.validation as validation_mod
 from captioner.store.checkpoint import load_checkpoint
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
@@ -50,7 +51,7 @@ def fake_scores(monkeypatch):
         value = 100.0 * sum(bool(p) for p in predictions.values()) / max(len(predictions), 1)
         return {"BLEU-4": value, "CIDEr-D": value}
 
-    monkeypatch.setattr(train_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "score_captions", score)
     return calls
 
 
@@ -146,7 +147,7 @@ def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_s
 
 def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):
     values = iter([10.0, 30.0, 20.0, 25.0, 5.0, 99.0])
-    monkeypatch.setattr(train_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
+    monkeypatch.setattr(validation_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=6", "train.patience=2"))
     assert [e["epoch"] for e in _metrics(run)] == [1, 2, 3, 4]  # no gain in epochs 3 and 4: stop
     best = load_checkpoint(run / "best.pt")
@@ -197,7 +198,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
         seen.append(dict(predictions))
         return {"BLEU-4": 0.0, "CIDEr-D": 0.0}
 
-    monkeypatch.setattr(train_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "score_captions", score)
     cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.kind={kind}")
     run = train(cfg)
     model = load_captioner(run)
@@ -260,11 +261,11 @@ def test_meteor_selection_computes_meteor_and_a_missing_score_is_an_error(data_r
         asked.append(meteor)
         return {"BLEU-4": 1.0, "CIDEr-D": 1.0, "METEOR": 7.0 if meteor else None}
 
-    monkeypatch.setattr(train_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "score_captions", score)
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "train.val_metric=METEOR"))
     assert asked == [True] and _metrics(run)[0]["METEOR"] == 7.0
     assert load_checkpoint(run / "best.pt")["metrics"]["best"]["value"] == 7.0
 
-    monkeypatch.setattr(train_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
+    monkeypatch.setattr(validation_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
     with pytest.raises(TrainingError, match="no METEOR score"):
         train(_cfg(data_root, tmp_path / "run2", "train.epochs=1", "train.val_metric=METEOR"))

@@ -45,21 +45,21 @@ from typing import Any, Callable, ContextManager
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
 
 from captioner import fast_paths
 from captioner.atomic import write_text_atomic
-from captioner.config import Config, ConfigError, config_from_dict, config_to_dict, save_config
-from captioner.data.datasets import CaptionDataset, build_vocab, collate_captions, mirrored_records
+from captioner.config import Config, ConfigError, config_to_dict, save_config
+from captioner.data.datasets import CaptionDataset, build_vocab, mirrored_records
 from captioner.data.vocab import Vocab
-from captioner.decoding.options import DecodeOptions
 from captioner.training.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
                                    seed_everything, set_rng_state, setup_distributed)
 from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
 from captioner.training.estimators import ESTIMATORS
-from captioner.training.losses import (LossOutput, gumbel_temperature, sequence_cross_entropy, soft_attention_loss,
+from captioner.training.losses import (LossOutput, gumbel_temperature, soft_attention_loss,
                                        update_baseline)
 from captioner.training.optim import OPTIMIZERS, build_optimizer
+from captioner.training.resume import init_weights, load_init, resume_payload
+from captioner.training.validation import validate
 from captioner.runtime import keep_freed_memory
 from captioner.store.rundir import RunDir
 
@@ -128,86 +128,6 @@ def _bare(forward: nn.Module) -> nn.Module:
 # model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way
 # (HardAttention adds no parameter to SoftAttention, dropout none, fine-tuning none), so a soft model can start
 # a hard one, and a frozen-encoder model one whose top blocks fine-tune
-INIT_MAY_DIFFER = (("model", "attention", "attention"), ("model", "decoder", "dropout"),
-                   ("model", "decoder", "feature_dropout"), ("model", "encoder", "finetune_blocks"),
-                   ("model", "encoder", "update_bn_stats"))
-
-
-def _without(section: dict, path: tuple[str, ...]) -> dict:
-    """A copy of ``section`` with the key at ``path`` (below the section) removed."""
-    section = json.loads(json.dumps(section))
-    node = section
-    for key in path[:-1]:
-        node = node.get(key, {}) if isinstance(node, dict) else {}
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-    return section
-
-
-def _require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str,
-                           may_differ: tuple[tuple[str, ...], ...] = ()) -> list[str]:
-    """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's
-    (read as a config first, so a key stored under its old name compares under its new one), except at
-    the ``may_differ`` paths (section, key, ...). Returns those that differ, as "model.attention.kind:
-    'soft' -> 'hard'"."""
-    try:
-        saved_config = config_to_dict(config_from_dict(saved_config))
-    except ConfigError:
-        pass  # compared as stored: it differs, and the message says which section
-    ours = config_to_dict(cfg)
-    for section in ("data", "model"):
-        theirs, mine = saved_config.get(section), ours[section]
-        for path in (p[1:] for p in may_differ if p[0] == section):
-            if isinstance(theirs, dict):
-                theirs, mine = _without(theirs, path), _without(mine, path)
-        if theirs != mine:
-            raise ConfigError(f"{what}: the config's {section!r} section differs from the checkpoint's; {advice}")
-    changed = []
-    for path in may_differ:
-        old, new = saved_config, ours
-        for key in path:
-            old = old.get(key) if isinstance(old, dict) else None
-            new = new.get(key) if isinstance(new, dict) else None
-        if old != new:
-            changed.append(f"{'.'.join(path)}: {old!r} -> {new!r}")
-    return changed
-
-
-def _load_init(init: str) -> dict:
-    """train.init as a checkpoint payload: a run directory (its best.pt), a checkpoint file, or a model
-    folder (a shipped model's name, or what ``captioner export`` wrote: its weights, config and vocabulary;
-    the frozen backbone is the installed one, as when it captions)."""
-    from captioner.store.checkpoint import load_checkpoint
-    from captioner.store.hub import is_model_folder, read_model_folder
-    from captioner.store.zoo import is_shipped_name, shipped_folder
-
-    folder = shipped_folder(init) if is_shipped_name(init) else Path(init) if is_model_folder(init) else None
-    if folder is None:
-        return load_checkpoint(init)
-    _, _, tensors, meta = read_model_folder(folder)
-    return {"config": meta["config"], "vocab": meta["vocab"], "model": tensors, "epoch": None, "folder": meta}
-
-
-def _init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
-    """Start from the weights of ``train.init`` (``_load_init``), which must have been trained with the same
-    data and model sections (and so the same vocabulary), except for the attention kind (INIT_MAY_DIFFER):
-    a soft model may start a hard one. The state dict is checked tensor by tensor either way."""
-    from captioner.store.checkpoint import check_state_dict
-    from captioner.store.hub import load_folder_weights
-
-    changed = _require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
-                                     "start from a run trained with the same data and model settings (only "
-                                     "model.attention.attention, the decoder's dropout rates and the encoder's "
-                                     "finetune_blocks / update_bn_stats may differ)", may_differ=INIT_MAY_DIFFER)
-    if "folder" in payload:  # a model folder: float16 weights without the installed backbone
-        load_folder_weights(model, payload["model"], payload["folder"], cfg.train.init)
-    else:
-        check_state_dict(payload["model"], model.state_dict())
-        model.load_state_dict(payload["model"])
-    log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
-             "".join(f"; {c} (the same weights, read the new way)" for c in changed))
-
-
 def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
     encoder_ids = set()
@@ -245,73 +165,6 @@ def _weights_hash(model: nn.Module) -> str:
 
 def _all_finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def score_captions(predictions: dict[str, str], references: dict[str, list[str]],
-                   meteor: bool = False) -> dict[str, float | None]:
-    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references, PTB-tokenized when Java is present (as
-    ``captioner evaluate`` scores); METEOR only when asked (``train.val_metric: METEOR``): its JVM
-    start costs seconds per validation."""
-    from captioner.evaluation.metrics import caption_scores
-
-    return caption_scores(predictions, references, meteor=meteor)
-
-
-@torch.no_grad()
-def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
-             device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
-    """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
-    from captioner.evaluation.split import decode_reads
-    from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
-
-    was_training = model.training
-    model.eval()
-    options = model.check_decode_options(model.decode_options.replace_given(beam=1))  # greedy, else the config's
-    mode = options.attention_mode
-    try:
-        total, count = 0.0, 0
-        for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
-            batch = batch.to(device)
-            with amp():
-                out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths, attention_mode=mode)
-            n = int(out.mask.sum())
-            total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
-            count += n
-
-        def batches():
-            for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
-                with amp():
-                    grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
-                yield [decode_set.records[i] for i in batch.indices.tolist()], grid
-
-        predictions, reads = decode_reads(model, batches(), options, autocast=amp)  # reads: id -> (words, alphas, cells)
-        references = {record.image_id: record.raw for record in decode_set.records}
-        scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
-        mirror = _mirror_check(model, cfg, decode_set.records, reads, options, amp)
-    finally:
-        model.train(was_training)
-    result: dict[str, Any] = {"val_loss": total / max(count, 1)}
-    result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
-    sharp = attention_sharpness([alphas for _, alphas, _ in reads.values()])
-    result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
-                   **attention_movement([cells for _, _, cells in reads.values()]), **mirror,
-                   "tokenizer": resolve_tokenizer("auto")})
-    return result
-
-
-def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,
-                  amp: Any) -> dict:
-    """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluation/split.mirror_figures: the
-    mirrored photos are encoded from their images, under ``amp``), else nothing."""
-    if not cfg.eval.mirror_check or not reads:
-        return {}
-    from captioner.evaluation.split import mirror_figures
-
-    with amp():
-        return mirror_figures(model, records, reads, options, cfg.eval.batch_size)
 
 
 # --------------------------------------------------------------------------- metrics log
@@ -439,58 +292,6 @@ class _EpochStats:
     items: int  # examples this rank saw
 
 
-def _resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
-    """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config,
-    the run's history and the number of processes."""
-    from captioner.store.checkpoint import load_checkpoint
-
-    if resume is None:
-        return None
-    resume_path = Path(resume)
-    ckpt_file = RunDir(resume_path).last if resume_path.is_dir() else resume_path
-    payload = load_checkpoint(ckpt_file)
-    _require_latest_state(ckpt_file, payload, resume)
-    _require_same_process_count(payload, world, resume)
-    cfg.train.run_dir = str(ckpt_file.parent)
-    _require_same_sections(payload["config"], cfg, f"--resume {resume}",
-                           "resume with the run's own config.yaml (only train.* may change)")
-    _check_resumed_schedule(payload["config"].get("train", {}), cfg.train, resume)
-    return payload
-
-
-def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
-    """Refuse a checkpoint older than its run's last.pt: resuming from it would rewrite the metrics log from
-    its history, losing the later epochs. The message says how to branch a copy of the run from it."""
-    from captioner.store.checkpoint import load_checkpoint
-
-    latest = RunDir(ckpt_file.parent).last
-    if not latest.is_file() or latest.samefile(ckpt_file):
-        return
-    epoch, latest_epoch = int(payload["epoch"]), int(load_checkpoint(latest)["epoch"])
-    if epoch >= latest_epoch:
-        return  # the same state (best.pt written by the run's last epoch)
-    run_dir = ckpt_file.parent
-    branch = run_dir.with_name(f"{run_dir.name}-from-{ckpt_file.stem}")
-    raise TrainingError(
-        f"--resume {resume}: {ckpt_file.name} holds the state after epoch {epoch}, but the run went on to epoch "
-        f"{latest_epoch} ({latest}); resuming from it would rewrite {RunDir(run_dir).metrics} without epochs "
-        f"{epoch + 1}-{latest_epoch}. To continue the run, resume from its latest state: --resume {run_dir}. "
-        f"To continue from {ckpt_file.name} and keep this run's history, branch a copy: cp -r {run_dir} {branch} "
-        f"&& cp {ckpt_file} {RunDir(branch).last} && captioner train --resume {branch}")
-
-
-def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
-    """One saved RNG state per process: a resume with another count would share or drop streams, and the
-    data shards change with it, so it could not continue exactly."""
-    saved = len(payload["rng"]["ranks"])
-    if saved != world:
-        raise TrainingError(
-            f"--resume {resume}: the run was saved by {saved} process(es) and this resume runs {world}; each "
-            f"process's data shard and random streams depend on the count, so it cannot continue exactly. Resume "
-            f"with {saved} process(es) ({'no torchrun' if saved == 1 else f'torchrun --nproc_per_node={saved}'}), "
-            "or start a new run from its weights with --init")
-
-
 def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     """Data, vocabulary, model, datasets, optimizer and schedule; with ``resume`` their saved state."""
     from captioner.api import build_model, reads_cached_grids
@@ -499,12 +300,12 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
     rank, world, device = setup_distributed(t.device)
-    payload = _resume_payload(cfg, resume, world)
+    payload = resume_payload(cfg, resume, world)
     train_records = load_split_records(cfg, "train", rank, world)
     val_records = load_split_records(cfg, "val", rank, world)
     if t.val_max_images:
         val_records = val_records[: t.val_max_images]
-    init = _load_init(t.init) if t.init and payload is None else None  # a run directory: its best.pt
+    init = load_init(t.init) if t.init and payload is None else None  # a run directory: its best.pt
     if payload is not None or init is not None:
         vocab = Vocab.from_dict((payload or init)["vocab"])
     else:
@@ -516,7 +317,7 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     model = build_model(cfg, vocab).to(device)
     from_images = not reads_cached_grids(cfg)
     if init is not None:
-        _init_weights(cfg, model, init)
+        init_weights(cfg, model, init)
     train_set, val_loss_set, val_decode_set = make_datasets(cfg, model, vocab, train_records, val_records,
                                                              from_images, rank, world)
     scst = None
@@ -751,20 +552,6 @@ def _write_average(run_dir: RunDir, last: int) -> None:
 
 # What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value
 # would be silently ignored (a cosine run resumed to a longer horizon would restart from its end).
-SCHEDULE_KEYS = ("optimizer", "lr", "encoder_lr", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma")
-
-
-def _check_resumed_schedule(saved: dict, t: Any, resume: str) -> None:
-    """Refuse a resume whose optimizer or schedule settings differ from the run's, naming the key."""
-    keys = SCHEDULE_KEYS + (("epochs",) if saved.get("lr_schedule") == "cosine" else ())
-    for key in keys:
-        if key in saved and saved[key] != getattr(t, key):
-            raise ConfigError(
-                f"--resume {resume}: train.{key} is {getattr(t, key)!r} but the run was trained with {saved[key]!r}; "
-                f"the optimizer and learning-rate schedule resume as they were, so the new value would be ignored. "
-                f"Resume with train.{key}={saved[key]!r}, or start a new run from this one with --init")
-
-
 def _out_of_time(budget_s: float, elapsed_s: float, last_epoch_s: float) -> bool:
     """Stop when another epoch like the last one (training + validation) would end past the budget:
     a run given an hour then takes at most about an hour, rather than overshooting by an epoch."""

@@ -87,6 +87,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from captioner import fast_paths
+from captioner.names import SCST_BASELINES  # named below the config, which checks train.scst.baseline
 
 
 @dataclass
@@ -429,7 +430,6 @@ def update_baseline(baseline: float | None, batch_mean_reward: float, decay: flo
     return decay * baseline + (1.0 - decay) * float(batch_mean_reward)
 
 
-SCST_BASELINES = ("mean", "greedy")
 
 
 def scst_baseline(rewards: Tensor, kind: str = "mean", greedy_rewards: Tensor | None = None) -> Tensor:

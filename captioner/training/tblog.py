@@ -28,7 +28,7 @@ import numpy as np
 from captioner.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
-MODES = ("auto", "on", "off")
+from captioner.names import TENSORBOARD_MODES as MODES  # named below the config, which checks train.tensorboard
 INSTALL_HINT = "pip install 'captioner[tensorboard]' (or pip install tensorboard)"
 
 

@@ -1,0 +1,170 @@
+"""What a run starts from, checked: ``--resume``'s latest state (``resume_payload``) and ``train.init``'s weights
+(``load_init``, ``init_weights``).
+
+A resumed run must continue the same run: its config's model and data sections unchanged (only ``train.*`` may
+change, and of those not the optimizer's schedule: ``check_resumed_schedule``), its latest ``last.pt`` (an earlier
+checkpoint would rewrite the metrics log without the later epochs; the refusal says how to branch a copy) and the
+same number of processes. A run that starts from another's weights (``train.init``) must share its model and
+data sections except the few ``INIT_MAY_DIFFER`` names (the attention kind, dropouts, the encoder's trained top).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from captioner.config import Config, ConfigError, config_from_dict, config_to_dict
+from captioner.store.rundir import RunDir
+from captioner.training.distributed import TrainingError
+
+log = logging.getLogger(__name__)
+
+
+INIT_MAY_DIFFER = (("model", "attention", "attention"), ("model", "decoder", "dropout"),
+                   ("model", "decoder", "feature_dropout"), ("model", "encoder", "finetune_blocks"),
+                   ("model", "encoder", "update_bn_stats"))
+
+
+def _without(section: dict, path: tuple[str, ...]) -> dict:
+    """A copy of ``section`` with the key at ``path`` (below the section) removed."""
+    section = json.loads(json.dumps(section))
+    node = section
+    for key in path[:-1]:
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
+    return section
+
+
+def require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str,
+                           may_differ: tuple[tuple[str, ...], ...] = ()) -> list[str]:
+    """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's
+    (read as a config first, so a key stored under its old name compares under its new one), except at
+    the ``may_differ`` paths (section, key, ...). Returns those that differ, as "model.attention.kind:
+    'soft' -> 'hard'"."""
+    try:
+        saved_config = config_to_dict(config_from_dict(saved_config))
+    except ConfigError:
+        pass  # compared as stored: it differs, and the message says which section
+    ours = config_to_dict(cfg)
+    for section in ("data", "model"):
+        theirs, mine = saved_config.get(section), ours[section]
+        for path in (p[1:] for p in may_differ if p[0] == section):
+            if isinstance(theirs, dict):
+                theirs, mine = _without(theirs, path), _without(mine, path)
+        if theirs != mine:
+            raise ConfigError(f"{what}: the config's {section!r} section differs from the checkpoint's; {advice}")
+    changed = []
+    for path in may_differ:
+        old, new = saved_config, ours
+        for key in path:
+            old = old.get(key) if isinstance(old, dict) else None
+            new = new.get(key) if isinstance(new, dict) else None
+        if old != new:
+            changed.append(f"{'.'.join(path)}: {old!r} -> {new!r}")
+    return changed
+
+
+def load_init(init: str) -> dict:
+    """train.init as a checkpoint payload: a run directory (its best.pt), a checkpoint file, or a model
+    folder (a shipped model's name, or what ``captioner export`` wrote: its weights, config and vocabulary;
+    the frozen backbone is the installed one, as when it captions)."""
+    from captioner.store.checkpoint import load_checkpoint
+    from captioner.store.hub import is_model_folder, read_model_folder
+    from captioner.store.zoo import is_shipped_name, shipped_folder
+
+    folder = shipped_folder(init) if is_shipped_name(init) else Path(init) if is_model_folder(init) else None
+    if folder is None:
+        return load_checkpoint(init)
+    _, _, tensors, meta = read_model_folder(folder)
+    return {"config": meta["config"], "vocab": meta["vocab"], "model": tensors, "epoch": None, "folder": meta}
+
+
+def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
+    """Start from the weights of ``train.init`` (``load_init``), which must have been trained with the same
+    data and model sections (and so the same vocabulary), except for the attention kind (INIT_MAY_DIFFER):
+    a soft model may start a hard one. The state dict is checked tensor by tensor either way."""
+    from captioner.store.checkpoint import check_state_dict
+    from captioner.store.hub import load_folder_weights
+
+    changed = require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
+                                     "start from a run trained with the same data and model settings (only "
+                                     "model.attention.attention, the decoder's dropout rates and the encoder's "
+                                     "finetune_blocks / update_bn_stats may differ)", may_differ=INIT_MAY_DIFFER)
+    if "folder" in payload:  # a model folder: float16 weights without the installed backbone
+        load_folder_weights(model, payload["model"], payload["folder"], cfg.train.init)
+    else:
+        check_state_dict(payload["model"], model.state_dict())
+        model.load_state_dict(payload["model"])
+    log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
+             "".join(f"; {c} (the same weights, read the new way)" for c in changed))
+
+
+def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
+    """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config,
+    the run's history and the number of processes."""
+    from captioner.store.checkpoint import load_checkpoint
+
+    if resume is None:
+        return None
+    resume_path = Path(resume)
+    ckpt_file = RunDir(resume_path).last if resume_path.is_dir() else resume_path
+    payload = load_checkpoint(ckpt_file)
+    _require_latest_state(ckpt_file, payload, resume)
+    _require_same_process_count(payload, world, resume)
+    cfg.train.run_dir = str(ckpt_file.parent)
+    require_same_sections(payload["config"], cfg, f"--resume {resume}",
+                           "resume with the run's own config.yaml (only train.* may change)")
+    check_resumed_schedule(payload["config"].get("train", {}), cfg.train, resume)
+    return payload
+
+
+def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
+    """Refuse a checkpoint older than its run's last.pt: resuming from it would rewrite the metrics log from
+    its history, losing the later epochs. The message says how to branch a copy of the run from it."""
+    from captioner.store.checkpoint import load_checkpoint
+
+    latest = RunDir(ckpt_file.parent).last
+    if not latest.is_file() or latest.samefile(ckpt_file):
+        return
+    epoch, latest_epoch = int(payload["epoch"]), int(load_checkpoint(latest)["epoch"])
+    if epoch >= latest_epoch:
+        return  # the same state (best.pt written by the run's last epoch)
+    run_dir = ckpt_file.parent
+    branch = run_dir.with_name(f"{run_dir.name}-from-{ckpt_file.stem}")
+    raise TrainingError(
+        f"--resume {resume}: {ckpt_file.name} holds the state after epoch {epoch}, but the run went on to epoch "
+        f"{latest_epoch} ({latest}); resuming from it would rewrite {RunDir(run_dir).metrics} without epochs "
+        f"{epoch + 1}-{latest_epoch}. To continue the run, resume from its latest state: --resume {run_dir}. "
+        f"To continue from {ckpt_file.name} and keep this run's history, branch a copy: cp -r {run_dir} {branch} "
+        f"&& cp {ckpt_file} {RunDir(branch).last} && captioner train --resume {branch}")
+
+
+def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
+    """One saved RNG state per process: a resume with another count would share or drop streams, and the
+    data shards change with it, so it could not continue exactly."""
+    saved = len(payload["rng"]["ranks"])
+    if saved != world:
+        raise TrainingError(
+            f"--resume {resume}: the run was saved by {saved} process(es) and this resume runs {world}; each "
+            f"process's data shard and random streams depend on the count, so it cannot continue exactly. Resume "
+            f"with {saved} process(es) ({'no torchrun' if saved == 1 else f'torchrun --nproc_per_node={saved}'}), "
+            "or start a new run from its weights with --init")
+
+
+SCHEDULE_KEYS = ("optimizer", "lr", "encoder_lr", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma")
+
+
+def check_resumed_schedule(saved: dict, t: Any, resume: str) -> None:
+    """Refuse a resume whose optimizer or schedule settings differ from the run's, naming the key."""
+    keys = SCHEDULE_KEYS + (("epochs",) if saved.get("lr_schedule") == "cosine" else ())
+    for key in keys:
+        if key in saved and saved[key] != getattr(t, key):
+            raise ConfigError(
+                f"--resume {resume}: train.{key} is {getattr(t, key)!r} but the run was trained with {saved[key]!r}; "
+                f"the optimizer and learning-rate schedule resume as they were, so the new value would be ignored. "
+                f"Resume with train.{key}={saved[key]!r}, or start a new run from this one with --init")

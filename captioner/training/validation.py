@@ -1,0 +1,80 @@
+"""Validation by real decoding, once per epoch: the greedy captions of the val images scored against their raw
+references (``train.val_metric`` picks ``best.pt``), the teacher-forced loss (logged, never used to choose), the
+attention's sharpness and movement, and with ``eval.mirror_check`` the mirror figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from captioner.config import Config
+from captioner.data.datasets import CaptionDataset, collate_captions
+from captioner.decoding.options import DecodeOptions
+from captioner.training.losses import sequence_cross_entropy
+
+
+def score_captions(predictions: dict[str, str], references: dict[str, list[str]],
+                   meteor: bool = False) -> dict[str, float | None]:
+    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references, PTB-tokenized when Java is present (as
+    ``captioner evaluate`` scores); METEOR only when asked (``train.val_metric: METEOR``): its JVM
+    start costs seconds per validation."""
+    from captioner.evaluation.metrics import caption_scores
+
+    return caption_scores(predictions, references, meteor=meteor)
+
+
+@torch.no_grad()
+def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
+             device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
+    """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
+    from captioner.evaluation.split import decode_reads
+    from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
+
+    was_training = model.training
+    model.eval()
+    options = model.check_decode_options(model.decode_options.replace_given(beam=1))  # greedy, else the config's
+    mode = options.attention_mode
+    try:
+        total, count = 0.0, 0
+        for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
+            batch = batch.to(device)
+            with amp():
+                out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths, attention_mode=mode)
+            n = int(out.mask.sum())
+            total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
+            count += n
+
+        def batches():
+            for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
+                with amp():
+                    grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
+                yield [decode_set.records[i] for i in batch.indices.tolist()], grid
+
+        predictions, reads = decode_reads(model, batches(), options, autocast=amp)  # reads: id -> (words, alphas, cells)
+        references = {record.image_id: record.raw for record in decode_set.records}
+        scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, options, amp)
+    finally:
+        model.train(was_training)
+    result: dict[str, Any] = {"val_loss": total / max(count, 1)}
+    result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
+    sharp = attention_sharpness([alphas for _, alphas, _ in reads.values()])
+    result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
+                   **attention_movement([cells for _, _, cells in reads.values()]), **mirror,
+                   "tokenizer": resolve_tokenizer("auto")})
+    return result
+
+
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,
+                  amp: Any) -> dict:
+    """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluation/split.mirror_figures: the
+    mirrored photos are encoded from their images, under ``amp``), else nothing."""
+    if not cfg.eval.mirror_check or not reads:
+        return {}
+    from captioner.evaluation.split import mirror_figures
+
+    with amp():
+        return mirror_figures(model, records, reads, options, cfg.eval.batch_size)
