@@ -24,18 +24,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from captioner.store import zoo
-from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
 from captioner.config import Config, EncoderConfig, config_from_dict
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
-from captioner.store.hub import (hub_model_folder, is_model_folder, load_folder_weights, looks_like_repo_id,
-                           read_model_folder, save_model_folder)
 from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
 from captioner.models.decoders import CaptionDecoder, build_decoder, decoder_arguments
 from captioner.models.encoder import Encoder, build_encoder
 from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
+from captioner.store import zoo
+from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
+from captioner.store.hub import (
+    hub_model_folder,
+    is_model_folder,
+    load_folder_weights,
+    looks_like_repo_id,
+    read_model_folder,
+    save_model_folder,
+)
 
 
 class CaptionsInWords:

@@ -72,9 +72,8 @@ def ensure_checkpoint(config: str | Path, run_dir: str | Path, overrides: Sequen
 
     The notebook uses this to load the demo checkpoint, or to train one quickly when there is none.
     """
-    from captioner.training.loop import train
-
     from captioner.store.rundir import RunDir
+    from captioner.training.loop import train
 
     run_dir = Path(run_dir)
     if not RunDir(run_dir).best.exists():

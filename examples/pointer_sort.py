@@ -12,8 +12,8 @@ import argparse
 import time
 
 import torch
-
 from pointer_network import ORDERS, sort_accuracy, sort_targets, train_sorter
+
 from captioner.models.scorers import SCORERS
 
 

@@ -20,10 +20,10 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     """A run directory holding best.pt of a randomly initialised smoke-config model."""
     import torch
 
-    from captioner.store.checkpoint import save_checkpoint
+    from captioner.api import build_model
     from captioner.config import config_to_dict, load_config
     from captioner.data.vocab import Vocab
-    from captioner.api import build_model
+    from captioner.store.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml")

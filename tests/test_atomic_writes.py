@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from file_events import file_events  # tests/file_events.py
 
 from captioner.atomic import write_text_atomic
 from captioner.config import Config, load_config, save_config
-from file_events import file_events  # tests/file_events.py
 
 
 def _assert_atomic(events: list[tuple[str, str]], target: Path) -> None:

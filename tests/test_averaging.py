@@ -6,11 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.store.rundir import RunDir
-from captioner.store.checkpoint import (CheckpointError, average_checkpoints,
-                                  load_checkpoint, save_checkpoint)
 from captioner.commands import average
 from captioner.config import ConfigError, load_config
+from captioner.store.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, save_checkpoint
+from captioner.store.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"

@@ -127,8 +127,8 @@ def test_scst_bench_reports_the_reward_share(one_thread):
 @pytest.mark.parametrize("kind,scorer", [("soft", "additive"), ("soft", "dot"), ("hard", "bilinear"),
                                          ("key_value", "additive"), ("multi_head", "scaled_dot")])
 def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, one_thread):
-    from captioner.models.decoders import FastShowAttendTellDecoder
     from captioner.decoding.search import beam_search
+    from captioner.models.decoders import FastShowAttendTellDecoder
 
     torch.manual_seed(0)
     dec = FastShowAttendTellDecoder(30, 12, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from captioner.api import build_model
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.api import build_model
 from captioner.models.captioner import GridPositionEmbedding
 
 SMOKE = "configs/smoke.yaml"

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from captioner.evaluation.split import coco_image_id
 from captioner.evaluation.metrics import CocoInstanceRegions
+from captioner.evaluation.split import coco_image_id
 
 
 @pytest.fixture

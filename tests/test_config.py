@@ -6,7 +6,14 @@ import pytest
 import yaml
 
 from captioner.config import (
-    Config, ConfigError, config_from_dict, config_to_dict, get_path, load_config, parse_override, save_config,
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    get_path,
+    load_config,
+    parse_override,
+    save_config,
 )
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))

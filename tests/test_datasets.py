@@ -11,8 +11,16 @@ import torch
 from PIL import Image
 
 from captioner.config import DataConfig, ShapesConfig
-from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset, build_vocab,
-                                     collate_captions, load_records, read_karpathy)
+from captioner.data.datasets import (
+    CaptionDataset,
+    DataError,
+    GridCaptionDataset,
+    ImageCaptionDataset,
+    build_vocab,
+    collate_captions,
+    load_records,
+    read_karpathy,
+)
 
 
 def _image(path: Path, colour=(255, 0, 0)) -> None:

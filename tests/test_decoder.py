@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.models.attention import ATTENTIONS
 from captioner import fast_paths
+from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders import DecoderOutput, FastShowAttendTellDecoder, ShowAttendTellDecoder
 
 V, D, L = 23, 12, 6

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
+from captioner.decoding.search import beam_search, greedy_search
 from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders import DECODERS, CaptionDecoder, DecoderOutput, build_decoder, decoder_arguments
-from captioner.decoding.search import beam_search, greedy_search
+from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
 from captioner.visualize import overlay_attention
 
 KINDS = sorted(DECODERS)

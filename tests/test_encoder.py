@@ -12,8 +12,13 @@ import torch
 from PIL import Image
 
 from captioner.models import encoder as enc_mod
-from captioner.models.encoder import (ENCODERS, EncoderWeightsError, build_encoder, efficientnet_lite0_state_dict,
-                                      encoders_table)
+from captioner.models.encoder import (
+    ENCODERS,
+    EncoderWeightsError,
+    build_encoder,
+    efficientnet_lite0_state_dict,
+    encoders_table,
+)
 from captioner.models.weights import map_by_position
 
 torch.set_num_threads(1)

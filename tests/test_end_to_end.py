@@ -99,8 +99,8 @@ def test_training_beats_the_untrained_model(demo_run):
     from captioner import load_captioner
     from captioner.api import build_model
     from captioner.data.datasets import load_records
-    from captioner.training.distributed import seed_everything
     from captioner.evaluation.split import cached_grids, evaluate_model
+    from captioner.training.distributed import seed_everything
 
     _, run_dir = demo_run
     trained = load_captioner(run_dir)

@@ -13,11 +13,11 @@ from PIL import Image
 
 from captioner import fast_paths
 from captioner.api import ImageCaptionerEnsemble, build_model, load_captioner
-from captioner.store.checkpoint import CheckpointError, save_checkpoint
 from captioner.config import config_to_dict, load_config
 from captioner.data.vocab import Vocab
 from captioner.models.ensemble import ATTENTION_SHOWN, ATTENTION_SHOWN_WORDS, CaptionerEnsemble
 from captioner.names import ENSEMBLE_ATTENTIONS
+from captioner.store.checkpoint import CheckpointError, save_checkpoint
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 WORDS = [["a", "red", "circle"], ["a", "blue", "square", "above"]]  # the smoke_checkpoint's vocabulary

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from captioner import fast_paths
-from captioner.training.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
 from captioner.models.decoders import FastShowAttendTellDecoder, ProjectedState, ShowAttendTellDecoder
 from captioner.models.deferred import step_weights
+from captioner.training.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -13,19 +13,18 @@ import torch
 import torch.nn.functional as F
 
 import captioner.models.attention as attention_mod
-import captioner.training.loop as train_mod
 import captioner.training.validation as validation_mod
 from captioner import fast_paths
 from captioner.api import build_model
-from captioner.store.checkpoint import load_checkpoint
 from captioner.config import ESTIMATOR_KEYS, ConfigError, HardConfig, get_path, load_config
 from captioner.data.vocab import Vocab
-from captioner.training.distributed import seed_everything
-from captioner.training.losses import gumbel_attention_loss, gumbel_temperature
 from captioner.models.attention import HardAttention, gumbel_noise, read_context
 from captioner.models.decoders import FastShowAttendTellDecoder
 from captioner.names import DECODING_MODES, HARD_ESTIMATORS
+from captioner.store.checkpoint import load_checkpoint
+from captioner.training.distributed import seed_everything
 from captioner.training.loop import train
+from captioner.training.losses import gumbel_attention_loss, gumbel_temperature
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 GUMBEL = ["model.attention.attention=hard", "train.hard.estimator=gumbel"]

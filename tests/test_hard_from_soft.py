@@ -25,9 +25,9 @@ from captioner.decoding.options import DecodeOptions
 from captioner.models.attention import check_read
 from captioner.models.decoders import FastShowAttendTellDecoder, build_decoder
 from captioner.models.decoders.contract import shared_dropout
-from captioner.training.scst import SelfCritical
 from captioner.training.loop import train
 from captioner.training.resume import INIT_MAY_DIFFER, init_weights, load_init, require_same_sections
+from captioner.training.scst import SelfCritical
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"

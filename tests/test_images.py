@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpus import giant_16bit_png
 from PIL import Image
 
 from captioner.data.images import ImageLoadError, load_image
-from corpus import giant_16bit_png
 
 
 def _png_with_declared_size(path, width, height):

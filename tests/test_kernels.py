@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from captioner import kernels
+from captioner.decoding.search import Logits, beam_search
 from captioner.kernels import build
 from captioner.models.decoders import FastShowAttendTellDecoder
 from captioner.models.scorers import AdditiveScorer
-from captioner.decoding.search import Logits, beam_search
 
 if not kernels.available() and os.environ.get("CAPTIONER_REQUIRE_KERNELS") != "1":
     pytest.skip("the fused kernels cannot be built here (no C compiler or no libmvec)", allow_module_level=True)

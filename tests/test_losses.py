@@ -4,13 +4,21 @@ estimator of hard attention (Eq. 10-12) checked against the exact gradient by en
 from __future__ import annotations
 
 import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from captioner.models.decoders import DecoderOutput
-from captioner.training.losses import (doubly_stochastic_penalty, hard_attention_loss, loo_hard_attention_loss,
-                              reward_to_go, sequence_cross_entropy, soft_attention_loss, update_baseline)
+from captioner.training.losses import (
+    doubly_stochastic_penalty,
+    hard_attention_loss,
+    loo_hard_attention_loss,
+    reward_to_go,
+    sequence_cross_entropy,
+    soft_attention_loss,
+    update_baseline,
+)
 
 
 def _decoder_output(logits, alphas, mask, log_probs=None, entropies=None) -> DecoderOutput:

@@ -9,8 +9,13 @@ import torch
 
 from captioner.commands import extract
 from captioner.data import datasets
-from captioner.data.datasets import (MIRROR_SUFFIX, ImageRecord, mirrored_records, swap_left_right_text,
-                                     swap_left_right_tokens)
+from captioner.data.datasets import (
+    MIRROR_SUFFIX,
+    ImageRecord,
+    mirrored_records,
+    swap_left_right_text,
+    swap_left_right_tokens,
+)
 from captioner.data.features import FeatureCache, extract_features
 from captioner.data.images import load_image
 from tests.test_features import SIZE, _extract_argv, make_images
@@ -89,9 +94,9 @@ def test_training_with_mirror_reads_both_copies(tmp_path):
     """One epoch on the shapes smoke data with data.mirror: twice the training captions, so twice the steps."""
     import math
 
-    from captioner.store.checkpoint import load_checkpoint
     from captioner.config import load_config
     from captioner.data.datasets import load_records
+    from captioner.store.checkpoint import load_checkpoint
     from captioner.training.loop import train
 
     steps = {}

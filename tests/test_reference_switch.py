@@ -13,8 +13,8 @@ from captioner import fast_paths
 from captioner.api import build_model
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.training.losses import hard_attention_loss, soft_attention_loss
 from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.training.losses import hard_attention_loss, soft_attention_loss
 from captioner.training.optim import build_optimizer
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"

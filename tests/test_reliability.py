@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from corpus import EXPECTED, make_bad_image_corpus  # tests/corpus.py (pytest puts tests/ on sys.path)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -32,7 +33,6 @@ from captioner.config import Config, ConfigError, config_to_dict, get_path, load
 from captioner.data.images import ImageLoadError, load_image
 from captioner.data.vocab import SPECIALS, Vocab, tokenize
 from captioner.decoding.search import beam_search, greedy_search, normalise_score
-from corpus import EXPECTED, make_bad_image_corpus  # tests/corpus.py (pytest puts tests/ on sys.path)
 
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -449,8 +449,8 @@ def test_override_values_as_typed_on_a_command_line(text, expected):
 
 
 def test_load_captioner_round_trip_is_bit_exact(smoke_checkpoint):
-    from captioner.store.checkpoint import load_checkpoint
     from captioner.api import load_captioner
+    from captioner.store.checkpoint import load_checkpoint
 
     saved = load_checkpoint(smoke_checkpoint / "best.pt")["model"]
     loaded = load_captioner(smoke_checkpoint).state_dict()
@@ -477,9 +477,9 @@ def _damage(src: Path, dst: Path, how: str, marker: Path) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "crafted"])
 def test_load_captioner_and_cli_refuse_damaged_checkpoints(smoke_checkpoint, tmp_path, capsys, how):
-    from captioner.store.checkpoint import CheckpointError
-    from captioner.cli import main
     from captioner.api import load_captioner
+    from captioner.cli import main
+    from captioner.store.checkpoint import CheckpointError
 
     bad, marker = tmp_path / "bad.pt", tmp_path / "pwned"
     _damage(smoke_checkpoint / "best.pt", bad, how, marker)
@@ -494,8 +494,8 @@ def test_load_captioner_and_cli_refuse_damaged_checkpoints(smoke_checkpoint, tmp
 
 
 def test_vocabulary_that_does_not_fit_the_weights_names_the_key(smoke_checkpoint, tmp_path):
-    from captioner.store.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from captioner.api import load_captioner
+    from captioner.store.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(smoke_checkpoint / "best.pt")
     V = len(payload["vocab"]["words"])
@@ -509,8 +509,8 @@ def test_vocabulary_that_does_not_fit_the_weights_names_the_key(smoke_checkpoint
 
 @pytest.mark.parametrize("entry", ["vocab", "config"])
 def test_broken_vocab_or_config_entry_names_the_checkpoint(smoke_checkpoint, tmp_path, entry):
-    from captioner.store.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from captioner.api import load_captioner
+    from captioner.store.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(smoke_checkpoint / "best.pt")
     if entry == "vocab":

@@ -5,7 +5,6 @@ evaluate gives."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

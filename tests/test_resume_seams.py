@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner.store.checkpoint import load_checkpoint
-from captioner.config import load_config
 from captioner.commands.train import main
+from captioner.config import load_config
+from captioner.store.checkpoint import load_checkpoint
 from captioner.training.loop import train
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -60,7 +60,6 @@ def test_time_budget_counts_across_a_resume(data_root, tmp_path):
 
 def _falling_scores(monkeypatch):
     """Validation scores that fall every epoch, so best.pt stays at epoch 1 while last.pt moves on."""
-    import captioner.training.loop as train_mod
     import captioner.training.validation as validation_mod
 
     calls = []

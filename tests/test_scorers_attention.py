@@ -4,8 +4,16 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from captioner.models.attention import (ATTENTIONS, MODES, ONE_CELL_MODES, KeyValueAttention, SelfAttentionEncoder,
-                                        SoftAttention, build_attention, read_context)
+from captioner.models.attention import (
+    ATTENTIONS,
+    MODES,
+    ONE_CELL_MODES,
+    KeyValueAttention,
+    SelfAttentionEncoder,
+    SoftAttention,
+    build_attention,
+    read_context,
+)
 from captioner.models.scorers import SCORERS, build_scorer
 
 B, L, D, Q, A = 5, 7, 12, 10, 16

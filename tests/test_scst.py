@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from captioner.training.losses import scst_baseline, scst_loss
 from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.training.losses import scst_baseline, scst_loss
 
 PAD, START, END = 0, 1, 2
 WORDS = (END, 3, 4)  # what a step may emit

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.config import ConfigError, load_config
 from captioner.commands.train import main
+from captioner.config import ConfigError, load_config
 from captioner.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,12 +17,12 @@ pytest.importorskip("fastapi", reason="captioner serve needs the 'serve' extra")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from captioner.api import build_model, load_captioner  # noqa: E402
+from captioner.commands.serve import main  # noqa: E402
 from captioner.config import load_config  # noqa: E402
 from captioner.data.vocab import Vocab  # noqa: E402
-from captioner.demo import sample_photo  # noqa: E402
-from captioner.decoding.search import normalise_score  # noqa: E402
-from captioner.commands.serve import main  # noqa: E402
 from captioner.decoding.options import DecodeOptions  # noqa: E402
+from captioner.decoding.search import normalise_score  # noqa: E402
+from captioner.demo import sample_photo  # noqa: E402
 from captioner.serving.server import create_app, page_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,10 @@ import torch
 from PIL import Image
 
 pytest.importorskip("fastapi", reason="captioner serve needs the 'serve' extra")
+from corpus import giant_16bit_png  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
+from file_events import file_events  # noqa: E402
+from upload_client import multipart, post  # noqa: E402
 
 import captioner.commands.serve as serve_command  # noqa: E402
 import captioner.serving.server as serve  # noqa: E402
@@ -31,9 +34,6 @@ from captioner.api import build_model  # noqa: E402
 from captioner.config import load_config  # noqa: E402
 from captioner.data.vocab import Vocab  # noqa: E402
 from captioner.serving.limits import clean_filename, host_name  # noqa: E402
-from corpus import giant_16bit_png  # noqa: E402
-from file_events import file_events  # noqa: E402
-from upload_client import multipart, post  # noqa: E402
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 

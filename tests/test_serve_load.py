@@ -27,9 +27,10 @@ import pytest
 
 pytest.importorskip("fastapi", reason="captioner serve needs the 'serve' extra")
 
-from captioner.demo import sample_photo  # noqa: E402
 from corpus import giant_16bit_png  # noqa: E402
 from upload_client import Answer, multipart, post  # noqa: E402
+
+from captioner.demo import sample_photo  # noqa: E402
 
 CLIENTS = 64
 MAX_ATTEMPTS = 4  # per client: the first try and three after a 503

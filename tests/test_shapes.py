@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from captioner.commands.shapes import main
 from captioner.data import shapes
 from captioner.data.images import load_image
-from captioner.commands.shapes import main
 from captioner.data.shapes import COLOURS, SHAPES, SIZES, generate_shapes
 from captioner.data.vocab import Vocab, tokenize
 

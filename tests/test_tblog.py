@@ -10,8 +10,8 @@ import pytest
 
 from captioner.config import load_config
 from captioner.training.distributed import TrainingError
-from captioner.training.tblog import open_tensorboard
 from captioner.training.loop import train
+from captioner.training.tblog import open_tensorboard
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 

@@ -14,10 +14,10 @@ import torch
 
 import captioner.training.loop as train_mod
 import captioner.training.validation as validation_mod
-from captioner.store.checkpoint import load_checkpoint
+from captioner.commands.train import main
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.commands.train import main
+from captioner.store.checkpoint import load_checkpoint
 from captioner.training.loop import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import captioner
+from captioner.api import export_model, load_captioner, load_shipped
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
-from captioner.api import export_model, load_captioner, load_shipped
 from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, card_scores, split_card
 from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models
 

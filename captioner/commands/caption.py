@@ -131,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _load(args: argparse.Namespace):
     """The model (an ensemble for several --model), or None after printing why it cannot be loaded."""
     from captioner.api import load_captioner
-    from captioner.store.checkpoint import CheckpointError
     from captioner.models.ensemble import describe_ensemble
+    from captioner.store.checkpoint import CheckpointError
 
     models = args.checkpoint or []
     source = models[0] if len(models) == 1 else (models or None)  # None: the shipped model; several: an ensemble

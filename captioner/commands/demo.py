@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from captioner.commands.arguments import float_at_least, int_at_least
 from captioner.atomic import write_text_atomic
+from captioner.commands.arguments import float_at_least, int_at_least
 from captioner.config import add_config_arguments, load_config
 from captioner.demo import DEFAULT_CONFIG, caption_photos, caption_records
 from captioner.store.rundir import RunDir

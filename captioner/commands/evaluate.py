@@ -11,11 +11,11 @@ import sys
 from typing import Sequence
 
 from captioner.api import load_captioner
-from captioner.commands.arguments import add_decode_flags, add_scoring_flags, decode_options, int_at_least
 from captioner.atomic import write_text_atomic
+from captioner.commands.arguments import add_decode_flags, add_scoring_flags, decode_options, int_at_least
 from captioner.data.images import JPEG_QUALITIES
-from captioner.evaluation.split import cached_grids, evaluate_model, format_table
 from captioner.evaluation.metrics import resolve_tokenizer
+from captioner.evaluation.split import cached_grids, evaluate_model, format_table
 from captioner.names import ENSEMBLE_ATTENTIONS, SPLITS
 
 
@@ -64,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ensemble_attention and not ensemble:
         parser.error("argument --ensemble-attention: needs two or more checkpoints")
 
-    from captioner.store.checkpoint import CheckpointError
     from captioner.data.datasets import load_records
+    from captioner.store.checkpoint import CheckpointError
 
     try:  # a list of one: that model
         model = load_captioner(args.checkpoint, device=args.device, ensemble_attention=args.ensemble_attention)

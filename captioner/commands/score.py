@@ -16,9 +16,9 @@ from typing import Sequence
 
 from captioner.commands.arguments import add_scoring_flags
 from captioner.data.records import DataError
-from captioner.names import SPLITS
 from captioner.evaluation.results import ResultsError
 from captioner.evaluation.score import format_scores, score_file
+from captioner.names import SPLITS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

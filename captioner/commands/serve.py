@@ -10,8 +10,8 @@ import sys
 from typing import Sequence
 
 from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
-from captioner.serving.server import MissingServePackages, create_app, require_serve_packages
 from captioner.serving.limits import LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES
+from captioner.serving.server import MissingServePackages, create_app, require_serve_packages
 
 TOKEN_ENV = "CAPTIONER_SERVE_TOKEN"  # `--token` without a value takes it from here (command lines are public)
 

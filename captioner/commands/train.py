@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
-from captioner.training.distributed import TrainingError
 from captioner.store.rundir import RunDir
+from captioner.training.distributed import TrainingError
 from captioner.training.loop import train
 
 

@@ -30,8 +30,8 @@ from typing import Iterator
 
 import numpy as np
 
-from captioner.data.records import DataError, EmptySplitError, ImageRecord
 from captioner.data.images import ImageLoadError, probe_image
+from captioner.data.records import DataError, EmptySplitError, ImageRecord
 from captioner.data.vocab import tokenize
 
 log = logging.getLogger(__name__)

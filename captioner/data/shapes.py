@@ -31,7 +31,6 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioner.atomic import write_text_atomic
-from captioner.data.vocab import tokenize
 
 SHAPES = ["circle", "square", "triangle", "star"]
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]

@@ -45,8 +45,8 @@ Conventions shared by both searches:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

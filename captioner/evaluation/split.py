@@ -18,16 +18,25 @@ import torch
 from tqdm import tqdm
 
 from captioner.api import reads_cached_grids
+from captioner.data.datasets import MIRROR_SUFFIX
 from captioner.data.images import check_jpeg_quality
 from captioner.decoding.batches import decode_batches
 from captioner.decoding.options import DecodeOptions
+from captioner.evaluation.metrics import (
+    CocoInstanceRegions,
+    attention_movement,
+    attention_sharpness,
+    caption_diversity,
+    caption_scores,
+    cells_of,
+    cells_read,
+    grounding_shares,
+    mirror_following,
+    resolve_tokenizer,
+)
+from captioner.evaluation.score import score_rows
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
-from captioner.data.datasets import MIRROR_SUFFIX
-from captioner.evaluation.metrics import (CocoInstanceRegions, attention_movement, attention_sharpness, caption_diversity,
-                               caption_scores, cells_of, cells_read, grounding_shares, mirror_following,
-                               resolve_tokenizer)
-from captioner.evaluation.score import score_rows
 
 
 def coco_image_id(record) -> int | None:

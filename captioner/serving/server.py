@@ -27,8 +27,17 @@ import time
 from typing import Any, Iterator, Sequence
 
 from captioner.decoding.options import DecodeOptions
-from captioner.serving.limits import (LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES,
-                                    AdmissionGate, Refusal, RequestGuard, read_multipart_upload)
+from captioner.serving.limits import (
+    LOOPBACK_HOSTS,
+    MAX_IN_FLIGHT,
+    MAX_PIXELS,
+    MAX_QUEUE,
+    MAX_UPLOAD_BYTES,
+    AdmissionGate,
+    Refusal,
+    RequestGuard,
+    read_multipart_upload,
+)
 
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")  # python-multipart imports as `multipart`
 INSTALL_HINT = "pip install 'captioner[serve]'"

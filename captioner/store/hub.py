@@ -37,9 +37,9 @@ import yaml
 from torch import nn
 
 from captioner.atomic import atomic_path, write_text_atomic
-from captioner.store.checkpoint import check_state_dict
 from captioner.config import Config, config_from_dict, config_to_dict
 from captioner.data.vocab import Vocab
+from captioner.store.checkpoint import check_state_dict
 from captioner.version import __version__
 
 FORMAT = "captioner-model"

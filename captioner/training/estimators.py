@@ -19,8 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from captioner.training.losses import (LossOutput, gumbel_attention_loss, hard_attention_loss,
-                                       loo_hard_attention_loss)
+from captioner.training.losses import LossOutput, gumbel_attention_loss, hard_attention_loss, loo_hard_attention_loss
 
 Estimator = Callable[[nn.Module, Any, Any, torch.Tensor, "float | None", float], LossOutput]
 

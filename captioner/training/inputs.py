@@ -16,8 +16,15 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from captioner.config import Config
-from captioner.data.datasets import (CaptionDataset, DataError, GridCaptionDataset, ImageCaptionDataset,
-                                     ImageRecord, collate_captions, load_records)
+from captioner.data.datasets import (
+    CaptionDataset,
+    DataError,
+    GridCaptionDataset,
+    ImageCaptionDataset,
+    ImageRecord,
+    collate_captions,
+    load_records,
+)
 from captioner.data.vocab import Vocab
 from captioner.training.distributed import barrier
 

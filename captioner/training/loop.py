@@ -51,17 +51,23 @@ from captioner.atomic import write_text_atomic
 from captioner.config import Config, ConfigError, config_to_dict, save_config
 from captioner.data.datasets import CaptionDataset, build_vocab, mirrored_records
 from captioner.data.vocab import Vocab
-from captioner.training.distributed import (TrainingError, barrier, broadcast_flag, gather_rng_states,
-                                   seed_everything, set_rng_state, setup_distributed)
-from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
+from captioner.runtime import keep_freed_memory
+from captioner.store.rundir import RunDir
+from captioner.training.distributed import (
+    TrainingError,
+    barrier,
+    broadcast_flag,
+    gather_rng_states,
+    seed_everything,
+    set_rng_state,
+    setup_distributed,
+)
 from captioner.training.estimators import ESTIMATORS
-from captioner.training.losses import (LossOutput, gumbel_temperature, soft_attention_loss,
-                                       update_baseline)
+from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
+from captioner.training.losses import LossOutput, gumbel_temperature, soft_attention_loss, update_baseline
 from captioner.training.optim import OPTIMIZERS, build_optimizer
 from captioner.training.resume import init_weights, load_init, resume_payload
 from captioner.training.validation import validate
-from captioner.runtime import keep_freed_memory
-from captioner.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from captioner.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 from captioner.names import TENSORBOARD_MODES as MODES  # named below the config, which checks train.tensorboard
+
 INSTALL_HINT = "pip install 'captioner[tensorboard]' (or pip install tensorboard)"
 
 

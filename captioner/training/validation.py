@@ -30,8 +30,8 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
 def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
     """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
-    from captioner.evaluation.split import decode_reads
     from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
+    from captioner.evaluation.split import decode_reads
 
     was_training = model.training
     model.eval()

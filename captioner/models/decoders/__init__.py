@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import inspect
 
-from captioner.models.decoders.contract import (CaptionDecoder, DecoderOutput, SampleDraws, SampleOutput,
-                                                caption_mask)
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, SampleDraws, SampleOutput, caption_mask
 from captioner.models.decoders.show_attend_tell import GATES, ShowAttendTellDecoder
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder, ProjectedState
 from captioner.models.decoders.transformer import TransformerDecoder

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from captioner.models.attention import AttentionOutput, check_read
 from captioner.decoding.search import Logits, map_state
+from captioner.models.attention import AttentionOutput, check_read
 
 State = Any  # a (nested) tuple of tensors whose dim 0 is the row (search.State)
 

@@ -30,13 +30,19 @@ import torch
 from torch import Tensor
 
 from captioner import fast_paths, kernels
+from captioner.decoding.search import Logits
 from captioner.models.attention import AttentionOutput, SoftAttention
-from captioner.models.decoders.contract import (DecoderOutput, SampleDraws, SampleOutput, State, caption_mask,
-                                                shared_dropout)
+from captioner.models.decoders.contract import (
+    DecoderOutput,
+    SampleDraws,
+    SampleOutput,
+    State,
+    caption_mask,
+    shared_dropout,
+)
 from captioner.models.decoders.inference_cache import InferenceCache, column_major
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.deferred import SharedRows, StepWeight, step_weights
-from captioner.decoding.search import Logits
 
 
 class ProjectedState(tuple):
