@@ -175,7 +175,8 @@ class TrainConfig:
     lr_gamma: float = 0.5
     grad_clip: float = 5.0
     alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14), per caption as in the paper
-    alpha_entropy: float = 0.0  # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
+    # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
+    alpha_entropy: float = 0.0
     hard: HardConfig = field(default_factory=HardConfig)
     objective: str = "xe"  # xe (cross-entropy, Eq. 14 / Eq. 10-12) | scst (self-critical, CIDEr-D reward)
     init: str = ""  # a run directory, checkpoint or model folder (a shipped name) whose weights start this run
@@ -192,7 +193,8 @@ class TrainConfig:
     log_every: int = 50
     tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/training/tblog.py
     tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)
-    wandb: str = "off"  # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/training/wblog.py
+    # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/training/wblog.py
+    wandb: str = "off"
     num_threads: int = 0  # 0 = torch default
     fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
     # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`

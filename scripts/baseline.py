@@ -7,8 +7,9 @@ projects the encoder grid and the hidden state at every step and scores with a R
 f_beta (H -> D) on the context; the output layer fc(dropout(h)) at every step, written into a padded
 (B, T, V) tensor; cross-entropy over the packed real steps plus the doubly stochastic penalty; Adam.
 Beam search decodes one image at a time with k beams, the k rows of the grid re-projected at every step,
-top-k over the k x V flattened scores, each hypothesis's attention maps kept for the overlays. It is the reference point "a straightforward implementation" that
-the issue's ratios are about; bench.py reports the same-run ratio and this module's own figures.
+top-k over the k x V flattened scores, each hypothesis's attention maps kept for the overlays. It is the
+reference point "a straightforward implementation" that the issue's ratios are about; bench.py reports the
+same-run ratio and this module's own figures.
 """
 from __future__ import annotations
 

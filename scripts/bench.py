@@ -511,7 +511,7 @@ def bench_scst(quick: bool = False, device: str = "cpu", threads: int = 2, amp: 
 
 def add_useful_flops(results: dict) -> None:
     """train_useful_gflops (useful FLOPs x captions/s) and its fraction of the same run's matmul rate."""
-    for key, row in results.items():
+    for _key, row in results.items():
         if isinstance(row, dict) and "train_useful_gflop_per_caption" in row:
             row["train_useful_gflops"] = row["train_useful_gflop_per_caption"] * row["train_caps_per_s"]
             if "matmul_gflops" in results:

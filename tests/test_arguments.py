@@ -95,7 +95,8 @@ def test_caption_evaluate_and_serve_decode_with_the_models_config_when_no_flag_i
     expected = DecodeOptions.from_config(cfg)
     assert (expected.beam, expected.max_length, expected.length_penalty) == (2, 7, 0.5)  # not the defaults
     for command, options in seen.items():
-        assert {f: getattr(options, f) for f in SEARCH_FIELDS} == {f: getattr(expected, f) for f in SEARCH_FIELDS}, command
+        assert ({f: getattr(options, f) for f in SEARCH_FIELDS}
+                == {f: getattr(expected, f) for f in SEARCH_FIELDS}), command
     assert sorted(seen) == ["caption", "evaluate", "serve"]
     assert [seen[c].forbid_unk for c in ("caption", "evaluate", "serve")] == [True, False, True]
     assert [seen[c].n_best for c in ("caption", "evaluate", "serve")] == [1, 1, 2]

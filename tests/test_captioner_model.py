@@ -99,9 +99,9 @@ def test_hard_beam_search_and_caption_carry_locations(vocab):
 
 
 def _crafted_step(end_first: float, word_first: float, end_after: float, word_after: float = -50.0):
-    """A step function for model.decoder.step_with_location (what generate() calls): from <start>, <end> costs ``end_first`` and the word
-    "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a" ``word_after``;
-    everything else is (nearly) impossible."""
+    """A step function for model.decoder.step_with_location (what generate() calls): from <start>, <end> costs
+    ``end_first`` and the word "a" (id 4) ``word_first``; after a word, <end> costs ``end_after`` and "a"
+    ``word_after``; everything else is (nearly) impossible."""
 
     def step(tokens, state, attention_mode="expectation", dense=True):
         N = tokens.shape[0]

@@ -156,7 +156,8 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_sti
     assert load_config(None, ["model.attention.kind=hard"]).model.attention.attention == "hard"
     saved = tmp_path / "saved.yaml"
     save_config(load_config(old), saved)
-    assert "attention: hard" in saved.read_text() and "kind" not in yaml.safe_load(saved.read_text())["model"]["attention"]
+    assert "attention: hard" in saved.read_text()
+    assert "kind" not in yaml.safe_load(saved.read_text())["model"]["attention"]
     both = tmp_path / "both.yaml"
     both.write_text("model:\n  attention:\n    kind: hard\n    attention: soft\n")
     with pytest.raises(ConfigError, match="model.attention.kind is the old name of model.attention.attention"):
@@ -267,4 +268,5 @@ def test_transformer_sizes_are_checked():
         load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=2"])
     with pytest.raises(ConfigError, match=r"embed_dim \(100\) must be divisible by model.attention.heads \(8\)"):
         load_config(None, ["model.decoder.kind=transformer", "model.decoder.embed_dim=100", "model.attention.heads=8"])
-    assert load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=-2"]).model.decoder.layers == 2
+    cfg = load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=-2"])
+    assert cfg.model.decoder.layers == 2

@@ -190,7 +190,8 @@ def test_flickr8k_token_and_split_files(tmp_path):
 
 
 @pytest.mark.parametrize("lines, message", [
-    (["1.jpg#0\tA dog", "2.jpg#0\tA cat", "1.jpg#0\tA dog again"], r"Flickr8k.token.txt:3: caption 1.jpg#0 listed twice"),
+    (["1.jpg#0\tA dog", "2.jpg#0\tA cat", "1.jpg#0\tA dog again"],
+     r"Flickr8k.token.txt:3: caption 1.jpg#0 listed twice"),
     (["1.jpg#0\tA dog", "2.jpg#0\t ..."[:8]], r"Flickr8k.token.txt:2: empty caption for image '2.jpg'"),
     (["1.jpg#0\tA dog", "no tab here"], r"Flickr8k.token.txt:2: expected"),
     (["1.jpg#0\tA dog"], r"Flickr_8k.trainImages.txt:2: image '2.jpg' has no captions"),

@@ -111,8 +111,8 @@ def test_training_beats_the_untrained_model(demo_run):
     scores = {}
     for name, model in (("trained", trained), ("untrained", untrained)):
         with torch.no_grad():
-            result = evaluate_model(model, records, model.decode_options.replace_given(beam=2), cache=cached_grids(model, records), meteor=False,
-                                    progress=False)
+            result = evaluate_model(model, records, model.decode_options.replace_given(beam=2),
+                                    cache=cached_grids(model, records), meteor=False, progress=False)
         scores[name] = result["scores"]
     assert scores["trained"]["CIDEr-D"] >= scores["untrained"]["CIDEr-D"] + 10.0, scores
     assert scores["trained"]["BLEU-4"] >= scores["untrained"]["BLEU-4"] + MIN_BLEU4, scores

@@ -96,8 +96,9 @@ def test_wheel_carries_the_shipped_model_configs_and_licence(tmp_path):
                            "--quiet", "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = set(zipfile.ZipFile(next(tmp_path.glob("captioner-*.whl"))).namelist())
-    for name in ("captioner/pretrained/flickr8k_soft/model.safetensors", "captioner/pretrained/flickr8k_soft/config.json",
-                 "captioner/pretrained/flickr8k_soft/README.md", "captioner/configs/flickr8k_soft.yaml",
-                 "captioner/configs/shapes.yaml", "captioner/serving/serve_page.html"):
+    for name in ("captioner/pretrained/flickr8k_soft/model.safetensors",
+                 "captioner/pretrained/flickr8k_soft/config.json", "captioner/pretrained/flickr8k_soft/README.md",
+                 "captioner/configs/flickr8k_soft.yaml", "captioner/configs/shapes.yaml",
+                 "captioner/serving/serve_page.html"):
         assert name in names, name
     assert any(n.endswith("licenses/LICENSE") for n in names)

@@ -252,7 +252,8 @@ def test_keep_freed_memory_applies_on_glibc_linux():
 
 
 @pytest.mark.parametrize("attention,mode,gate", [("soft", "expectation", "scalar"), ("hard", "argmax", "scalar"),
-                                                 ("hard", "expectation", "none"), ("key_value", "expectation", "scalar")])
+                                                 ("hard", "expectation", "none"),
+                                                 ("key_value", "expectation", "scalar")])
 def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
     """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""

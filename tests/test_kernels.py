@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +63,8 @@ def test_scores_and_gradients_equal_autograd(M, G, L, A, strided):
 def test_results_do_not_depend_on_the_thread_count():
     g = torch.Generator().manual_seed(0)
     prepared, q, v = torch.randn(8, 49, 64, generator=g), torch.randn(40, 64, generator=g), torch.randn(64, generator=g)
-    prepared.requires_grad_(); q.requires_grad_()
+    prepared.requires_grad_()
+    q.requires_grad_()
     threads = torch.get_num_threads()
     runs = []
     try:

@@ -297,3 +297,13 @@ def test_no_function_in_the_package_is_longer_than_80_lines():
     paths = sorted(PACKAGE.rglob("*.py"))
     assert len(paths) > 40
     assert long_functions(paths) == []
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_in_the_package_is_longer_than_600_lines():
+    long = [f"{p.relative_to(PACKAGE.parent)} ({n} lines)" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert len(list(PACKAGE.rglob("*.py"))) > 40
+    assert long == []

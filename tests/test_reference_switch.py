@@ -137,7 +137,8 @@ def test_train_fast_paths_false_trains_on_the_reference_code(tmp_path, monkeypat
     seen = []
     real = train_mod.compute_loss
     monkeypatch.setattr(train_mod, "compute_loss", lambda *a, **k: seen.append(fast_paths.enabled()) or real(*a, **k))
-    monkeypatch.setattr(validation_mod, "score_captions", lambda predictions, references, meteor=False: {"CIDEr-D": 1.0})
+    monkeypatch.setattr(validation_mod, "score_captions",
+                        lambda predictions, references, meteor=False: {"CIDEr-D": 1.0})
     cfg = load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
                               "train.epochs=1", "train.num_threads=1", "train.fast_paths=false",
                               "train.tensorboard=off", "model.decoder.embed_dim=32", "model.decoder.hidden_dim=32",

@@ -417,7 +417,8 @@ def test_unknown_key_errors_name_the_key_and_the_valid_ones(path, depth, bad):
 
 
 @FEW
-@given(path=st.sampled_from(sorted(p for p, t in LEAVES.items() if t in (int, float) and p not in config_module.CHOICES)),
+@given(path=st.sampled_from(sorted(p for p, t in LEAVES.items()
+                                   if t in (int, float) and p not in config_module.CHOICES)),
        word=plain_words.filter(lambda s: not s[0].isdigit()))
 def test_wrongly_typed_values_error_naming_the_key(path, word):
     with pytest.raises(ConfigError, match=re.escape(path)):

@@ -1,6 +1,6 @@
-"""COCO-format results (captioner/evaluation/results.py): `captioner evaluate --results-file` writes them, and `captioner
-score` scores them, or any other system's, against Karpathy, COCO or captions-file references with the numbers
-evaluate gives."""
+"""COCO-format results (captioner/evaluation/results.py): `captioner evaluate --results-file` writes them, and
+`captioner score` scores them, or any other system's, against Karpathy, COCO or captions-file references with
+the numbers evaluate gives."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def test_equals_pycocoevalcap(seed):
     rng = np.random.default_rng(seed)
     references = _random_corpus(rng)
     reward = CiderD(references, vocab_size=9)
-    for round_ in range(3):  # several candidates per image, scored in one batch below
+    for _round in range(3):  # several candidates per image, scored in one batch below
         candidates = []
         for refs in references:
             kind = rng.integers(0, 4)

@@ -50,7 +50,8 @@ def test_scorer_formulas():
     dot = build_scorer("dot", D, D)
     assert torch.allclose(dot(query, dot.prepare(keys)), torch.einsum("bld,bd->bl", keys, query), atol=1e-5)
     scaled = build_scorer("scaled_dot", D, D)
-    assert torch.allclose(scaled(query, scaled.prepare(keys)), torch.einsum("bld,bd->bl", keys, query) / D ** 0.5, atol=1e-5)
+    assert torch.allclose(scaled(query, scaled.prepare(keys)), torch.einsum("bld,bd->bl", keys, query) / D ** 0.5,
+                          atol=1e-5)
     bil = build_scorer("bilinear", D, Q)
     q = torch.randn(B, Q)
     assert torch.allclose(bil(q, bil.prepare(keys)), torch.einsum("bld,dq,bq->bl", keys, bil.weight, q), atol=1e-5)

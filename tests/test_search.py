@@ -118,10 +118,12 @@ def test_beam_finds_what_greedy_misses():
 def test_batched_beam_equals_single_image_beams(K, n_best, lp):
     m = RandomStep(seed=1)
     B = 5
-    batched = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=9, length_penalty=lp, n_best=n_best)
+    batched = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=9, length_penalty=lp,
+                          n_best=n_best)
     for b in range(B):
-        single_state = map_state(m.init_state(B), lambda x: x[b : b + 1])
-        single = beam_search(m, single_state, 1, START, END, beam_size=K, max_length=9, length_penalty=lp, n_best=n_best)[0]
+        single_state = map_state(m.init_state(B), lambda x, b=b: x[b : b + 1])
+        single = beam_search(m, single_state, 1, START, END, beam_size=K, max_length=9, length_penalty=lp,
+                             n_best=n_best)[0]
         assert len(single) == len(batched[b]) == n_best
         for h1, h2 in zip(batched[b], single):
             same(h1, h2, exact=False)
@@ -209,7 +211,7 @@ def reference_beam(m, image, K, max_length, lp, n_best):
     """Plain-Python beam search with the documented semantics and no early stop, one image."""
     beams = [(0.0, [], False, map_state(m.init_state(64), lambda x: x[image : image + 1]))]
     pool = []
-    for t in range(max_length):
+    for _t in range(max_length):
         cands = []
         for score, toks, fin, st in beams:
             if fin:  # a finished beam is frozen: its only continuation is itself
@@ -233,7 +235,8 @@ def reference_beam(m, image, K, max_length, lp, n_best):
 def test_batched_early_stopping_beam_matches_plain_reference(seed, K, lp, n_best):
     m = RandomStep(seed=seed, end_bias=1.0)
     B, max_length = 4, 7
-    out = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=max_length, length_penalty=lp, n_best=n_best)
+    out = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=max_length, length_penalty=lp,
+                      n_best=n_best)
     for b in range(B):
         ref = reference_beam(m, b, K, max_length, lp, n_best)
         assert [h.tokens for h in out[b]] == [r[2] for r in ref]

@@ -245,7 +245,8 @@ def test_page_in_headless_chromium(shipped, tmp_path):
             corrupt = tmp_path / "corrupt.jpg"
             corrupt.write_bytes(b"\xff\xd8\xff not really a JPEG")
             failed = browser.caption_on_page(driver, url, corrupt)
-            assert "Could not caption corrupt.jpg" in failed["error"] and "not a recognised image format" in failed["error"]
+            assert "Could not caption corrupt.jpg" in failed["error"]
+            assert "not a recognised image format" in failed["error"]
             assert not failed["caption"]
         finally:
             driver.quit()

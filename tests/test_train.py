@@ -147,7 +147,8 @@ def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_s
 
 def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):
     values = iter([10.0, 30.0, 20.0, 25.0, 5.0, 99.0])
-    monkeypatch.setattr(validation_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
+    monkeypatch.setattr(validation_mod, "score_captions",
+                        lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=6", "train.patience=2"))
     assert [e["epoch"] for e in _metrics(run)] == [1, 2, 3, 4]  # no gain in epochs 3 and 4: stop
     best = load_checkpoint(run / "best.pt")

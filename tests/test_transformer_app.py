@@ -65,7 +65,8 @@ def test_transformer_evaluates_captions_and_serves(transformer_run, tmp_path, ca
     assert type(model.decoder).__name__ == "TransformerDecoder"
     buffer = io.BytesIO()
     Image.open(images[0]).save(buffer, format="PNG")
-    client = TestClient(create_app(model, page_options(model, beam=2, forbid_unk=False)), base_url="http://127.0.0.1")  # the Host check
+    # base_url: the Host check
+    client = TestClient(create_app(model, page_options(model, beam=2, forbid_unk=False)), base_url="http://127.0.0.1")
     response = client.post("/api/caption", files={"image": ("shape.png", buffer.getvalue(), "image/png")})
     assert response.status_code == 200, response.text
     out = response.json()

@@ -1,5 +1,5 @@
-"""Weights & Biases logging (captioner/training/wblog.py): a run with `train.wandb: offline` writes the scalars and overlay
-images TensorBoard gets into its local run files, and asking for W&B without the package is a clear error."""
+"""Weights & Biases logging (captioner/training/wblog.py): a run with `train.wandb: offline` writes the scalars and
+overlay images TensorBoard gets into its local run files, and asking for W&B without the package is a clear error."""
 
 from __future__ import annotations
 

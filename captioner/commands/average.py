@@ -1,5 +1,6 @@
-"""`captioner average`: checkpoint averaging, the mean of several checkpoints' weights (``checkpoint.average_checkpoints``),
-written as one weights-only checkpoint that every command loads (caption, evaluate, export)."""
+"""`captioner average`: checkpoint averaging, the mean of several checkpoints' weights
+(``checkpoint.average_checkpoints``), written as one weights-only checkpoint that every command loads
+(caption, evaluate, export)."""
 
 from __future__ import annotations
 

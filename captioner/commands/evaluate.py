@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="COCO instances_*.json: also report attention grounding on instance masks")
     parser.add_argument("--no-cache", action="store_true",
                         help="encode every image even when the feature cache of this frozen encoder holds its grid")
-    parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1), default=None, metavar="Q",
+    parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1),
+                        default=None, metavar="Q",
                         help="re-save every image as a JPEG of quality Q (1..95) in memory before the encoder sees "
                              "it (so never reads the feature cache): how steady are the captions under recompression?")
     parser.add_argument("--mirror-check", action="store_true",

@@ -1,8 +1,8 @@
 """`captioner score RESULTS --references FILE`: score a COCO-format results file, from this project
 (``captioner evaluate --results-file``) or any other system, against references in a Karpathy split JSON, COCO
 caption annotations or a captions file, with the metrics `captioner evaluate` reports (BLEU-1..4, METEOR,
-ROUGE-L, CIDEr-D on the 0-100 scale, after coco-caption's PTB tokenizer when Java is present). captioner/evaluation/results.py
-reads and matches the files.
+ROUGE-L, CIDEr-D on the 0-100 scale, after coco-caption's PTB tokenizer when Java is present).
+captioner/evaluation/results.py reads and matches the files.
 
 The scoring is captioner/evaluation/score.py's (``score_file``, ``format_scores``); this module is the command.
 """

@@ -79,8 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
     options = decode_options(parser, args, model, forbid_unk=not args.allow_unk)
     options = options.replace_given(n_best=options.beam)  # the page lists every hypothesis of the beam
-    app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20, max_pixels=args.max_pixels,
-                     max_in_flight=args.max_in_flight, max_queue=args.max_queue, allowed_hosts=hosts, token=token)
+    app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20,
+                     max_pixels=args.max_pixels, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
+                     allowed_hosts=hosts, token=token)
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
     print(f"captioner serve: {url} ({label}, beam {options.beam}); Ctrl-C stops it", file=sys.stderr)

@@ -498,10 +498,12 @@ def pad_batch(inputs: torch.Tensor, captions: list[list[int]], indices: list[int
     padded = torch.full((len(captions), int(lengths.max())), pad_id, dtype=torch.long)  # (B, T)
     for row, c in enumerate(captions):
         padded[row, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-    return CaptionBatch(inputs=inputs, captions=padded, lengths=lengths, indices=torch.tensor(indices, dtype=torch.long))
+    return CaptionBatch(inputs=inputs, captions=padded, lengths=lengths,
+                        indices=torch.tensor(indices, dtype=torch.long))
 
 
-def collate_captions(items: "list[tuple[torch.Tensor, torch.Tensor, int]] | CaptionBatch", pad_id: int = 0) -> CaptionBatch:
+def collate_captions(items: "list[tuple[torch.Tensor, torch.Tensor, int]] | CaptionBatch",
+                     pad_id: int = 0) -> CaptionBatch:
     """Stack inputs and pad captions to the longest in the batch: (B, T) with lengths (B,).
 
     A CaptionBatch (what ``GridCaptionDataset.__getitems__`` already assembled) passes through.

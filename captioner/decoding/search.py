@@ -525,7 +525,8 @@ class _Beams:
         keep_images = torch.tensor(keep, device=device)  # (B',)
         keep_rows = (keep_images[:, None] * K + torch.arange(K, device=device)).view(-1)  # (B'*K,)
         self.active = [self.active[i] for i in keep]
-        self.scores, self.finished, self.tokens = self.scores[keep_rows], self.finished[keep_rows], self.tokens[keep_rows]
+        self.scores, self.finished, self.tokens = (self.scores[keep_rows], self.finished[keep_rows],
+                                                   self.tokens[keep_rows])
         self.history.keep(keep_rows)
 
         def select_kept(x: Tensor) -> Tensor:
@@ -537,7 +538,8 @@ class _Beams:
     def _unfinished(self, i: int) -> list[Hypothesis]:
         """Hypotheses of the not-finished slots of local image i, after self.steps words."""
         rows = range(i * self.K, (i + 1) * self.K)
-        scores, finished = self.scores[i * self.K:(i + 1) * self.K].tolist(), self.finished[i * self.K:(i + 1) * self.K].tolist()
+        scores = self.scores[i * self.K:(i + 1) * self.K].tolist()
+        finished = self.finished[i * self.K:(i + 1) * self.K].tolist()
         return [_hypothesis(*self.history.row(r, self.steps), score=scores[k], finished=False,
                             length_penalty=self.length_penalty)
                 for k, r in enumerate(rows) if not finished[k]]

@@ -500,9 +500,10 @@ def mirror_following(pairs: Iterable[tuple], grid_hw: tuple[int, int], symmetric
 
     ``pairs`` yields per image (words, alphas, cells) of the original photo's caption and the same of its
     mirror's: words (n,), alphas (n, L) with L = H*W row-major, cells (n,) the cell each word read (cells_of:
-    the read cell of one-cell decoding, else α's arg-max) or None. Every content word that both captions use (first use in each; FUNCTION_WORDS left out)
-    is compared: the mirrored photo's map b against the original's map a flipped (a[:, ::-1]: what
-    attention grounded in the object gives) and unflipped (what a per-word position code gives).
+    the read cell of one-cell decoding, else α's arg-max) or None. Every content word that both captions use
+    (first use in each; FUNCTION_WORDS left out) is compared: the mirrored photo's map b against the
+    original's map a flipped (a[:, ::-1]: what attention grounded in the object gives) and unflipped (what a
+    per-word position code gives).
 
     Returns ``mirror_words`` (shared content words), ``mirror_follow`` (the share of them, leaving out words
     whose map a is nearly symmetric, intersection with its mirror > ``symmetric``, whose b overlaps the

@@ -11,7 +11,8 @@ so the hidden layer is never stored (scripts/bench.py's shapes, 2 threads: the s
 step's LSTM cell (lstm_cell: with projected values also the gate and the gate sums) in one pass per row
 instead of about ten ops. Whole runs, in-process A/B: training 1.04-1.09x, beam 5 1.09-1.20x, then 1.03x for
 the bias and 1.04x for the cell (docs/performance.md). The PyTorch code in scorers.py, search.py and
-models/decoders/show_attend_tell_fast.py stay the reference and the fallback, and tests/test_kernels.py compares the two.
+models/decoders/show_attend_tell_fast.py stay the reference and the fallback, and tests/test_kernels.py compares
+the two.
 
 The library is compiled at first use with ``$CC`` (default ``cc``) and -march=native, and cached per source,
 flags, compiler version and CPU; kernels/build.py owns how (the cache is used only when nobody else can write
@@ -40,7 +41,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.additive_scores.argtypes = [_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR] + [_C_INT64] * 4 + [ctypes.c_int]
     lib.additive_scores_backward.argtypes = ([_C_PTR, _C_PTR, _C_INT64, _C_PTR, _C_PTR, _C_PTR, _C_PTR, _C_PTR]
                                              + [_C_INT64] * 4 + [ctypes.c_int])
-    lib.row_best_log_probs.argtypes = [_C_PTR, _C_PTR] + [_C_INT64] * 3 + [_C_PTR, _C_INT64, _C_PTR, _C_PTR, ctypes.c_int]
+    lib.row_best_log_probs.argtypes = ([_C_PTR, _C_PTR] + [_C_INT64] * 3
+                                       + [_C_PTR, _C_INT64, _C_PTR, _C_PTR, ctypes.c_int])
     lib.lstm_cell.argtypes = ([_C_PTR, _C_INT64] * 4 + [_C_PTR] * 4 + [_C_INT64] * 3 + [ctypes.c_int])
     for fn in (lib.additive_scores, lib.additive_scores_backward, lib.row_best_log_probs, lib.lstm_cell):
         fn.restype = None

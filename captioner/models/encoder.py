@@ -106,7 +106,8 @@ def _forward_chain(module: nn.Module) -> list[nn.Module] | None:
 
 
 def _tensors_sha256(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """Hash of named tensors (names, dtypes, shapes, bytes): weights identified by content, whatever file they came from."""
+    """Hash of named tensors (names, dtypes, shapes, bytes): weights identified by content, whatever file they
+    came from."""
     h = hashlib.sha256()
     for key, tensor in named:
         t = tensor.detach().cpu().contiguous()

@@ -12,11 +12,11 @@ so every log-probability stays <= 0, which the beam search's early stop relies o
 The members share what the feature cache stores: equal cache fingerprints (the frozen backbone's weights, stage,
 grid, input size, preprocessing, and for fine-tuned encoders the split point; models/encoder.py), so the image
 is encoded once up to there and each member then runs its own fine-tuned top blocks (if any), projection and
-grid refinement (``Captioner.prepare_rows``) on those rows. Snapshots of one fine-tuning run can so decode together. They also share the vocabulary's size and
-special ids; that the ids mean the same words is the application's check (``api.load_ensemble``, which knows
-the vocabularies and names the files). The overlays show one map per word: the first member's alpha_t, or
-the mean of the members' alphas (``ATTENTION_SHOWN``); in hard attention's one-cell modes each member reads
-its own cell and the ensemble reports the first member's.
+grid refinement (``Captioner.prepare_rows``) on those rows. Snapshots of one fine-tuning run can so decode
+together. They also share the vocabulary's size and special ids; that the ids mean the same words is the
+application's check (``api.load_ensemble``, which knows the vocabularies and names the files). The overlays
+show one map per word: the first member's alpha_t, or the mean of the members' alphas (``ATTENTION_SHOWN``); in
+hard attention's one-cell modes each member reads its own cell and the ensemble reports the first member's.
 
 A pure module like the members: it knows neither the config nor the vocabulary.
 """

@@ -367,7 +367,8 @@ def check_vocab(checkpoint_vocab: Any, vocab: Any) -> None:
     size = f"checkpoint has {len(ckpt_words)} words, the given vocabulary {len(words)}"
     for i, (a, b) in enumerate(zip(ckpt_words, words)):
         if a != b:
-            raise CheckpointError(f"vocabulary mismatch: {size}; first difference at id {i}: checkpoint {a!r} vs given {b!r}")
+            raise CheckpointError(f"vocabulary mismatch: {size}; first difference at id {i}: "
+                                  f"checkpoint {a!r} vs given {b!r}")
     raise CheckpointError(f"vocabulary mismatch: {size}; the shorter one is a prefix of the longer")
 
 

@@ -371,8 +371,8 @@ def _open_run_dir(run: _Run) -> None:
     # it, so an epoch logged after the checkpoint (then lost to a kill) is dropped, never
     # duplicated, and an epoch checkpointed but not yet logged is not lost.
     _write_metrics(run.run_dir.metrics, run.progress.history)
-    run.writer = open_run_logs(run.run_dir.root, run.cfg.train.tensorboard, run.cfg.train.wandb, config_to_dict(run.cfg),
-                               resumed=run.progress.epoch > 0)
+    run.writer = open_run_logs(run.run_dir.root, run.cfg.train.tensorboard, run.cfg.train.wandb,
+                               config_to_dict(run.cfg), resumed=run.progress.epoch > 0)
 
 
 def _prepare_steps(run: _Run) -> None:

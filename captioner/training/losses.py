@@ -283,7 +283,8 @@ def hard_attention_loss(output: Any, targets: Tensor, baseline: float | None, al
     nll, caption = real_token_nll(output, targets)  # (R,), (R,)
     log_py = -nll  # (R,) log p(y_t | s̃, a) of the real tokens
     reward = log_py.new_zeros(targets.shape[0]).index_add_(0, caption, log_py.detach())  # (B,): R = log p(y | s̃, a)
-    log_ps = (_at_least_float32(output.log_probs) * mask).sum(dim=1)  # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
+    # (B,): Σ_t log p(s̃_t | a); 0 for expectation images
+    log_ps = (_at_least_float32(output.log_probs) * mask).sum(dim=1)
     entropy = (_at_least_float32(output.entropies) * mask).sum()  # Σ over real steps and images
     if sampled is None:
         sampled = torch.ones_like(reward, dtype=torch.bool)

@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from captioner.names import TENSORBOARD_MODES as MODES  # named below the config, which checks train.tensorboard
 from captioner.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
-from captioner.names import TENSORBOARD_MODES as MODES  # named below the config, which checks train.tensorboard
 
 INSTALL_HINT = "pip install 'captioner[tensorboard]' (or pip install tensorboard)"
 
@@ -119,7 +119,8 @@ class RunLogs:
 
 def open_run_logs(run_dir: Path, tensorboard: str, wandb: str, config: dict, resumed: bool = False
                   ) -> RunLogs | None:
-    """The run's logs per ``train.tensorboard`` and ``train.wandb`` (captioner/training/wblog.py); None when neither logs."""
+    """The run's logs per ``train.tensorboard`` and ``train.wandb`` (captioner/training/wblog.py); None when
+    neither logs."""
     from captioner.training.wblog import open_wandb
 
     logs = [sink for sink in (open_tensorboard(run_dir, tensorboard), open_wandb(run_dir, wandb, config, resumed))

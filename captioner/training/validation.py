@@ -42,7 +42,8 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
         for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
             batch = batch.to(device)
             with amp():
-                out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths, attention_mode=mode)
+                out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths,
+                            attention_mode=mode)
             n = int(out.mask.sum())
             total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
             count += n
@@ -53,7 +54,8 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                     grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        predictions, reads = decode_reads(model, batches(), options, autocast=amp)  # reads: id -> (words, alphas, cells)
+        # reads: id -> (words, alphas, cells)
+        predictions, reads = decode_reads(model, batches(), options, autocast=amp)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
         mirror = _mirror_check(model, cfg, decode_set.records, reads, options, amp)

@@ -117,7 +117,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
             reads.append(read)
         return DecoderOutput.from_padded(
             features=torch.stack(features, dim=1), alphas=_by_step([r.alpha for r in reads]), mask=mask,
-            out=self.out, log_probs=_by_step([r.log_prob for r in reads]), entropies=_by_step([r.entropy for r in reads]))
+            out=self.out, log_probs=_by_step([r.log_prob for r in reads]),
+            entropies=_by_step([r.entropy for r in reads]))
 
 
 def _by_step(values: list[Tensor | None]) -> Tensor | None:

@@ -242,7 +242,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         # Sort by length (longest first) so that at step t the active captions are a prefix.
         order = torch.argsort(steps, descending=True, stable=True)  # (B,)
         steps_s = steps.index_select(0, order)
-        active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()  # (T-1,) active rows per step
+        # (T-1,) active rows per step
+        active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()
         rows_s = None if dropout_rows is None else dropout_rows.index_select(0, order)
         grid_s = shared_dropout(self.feature_dropout, grid.index_select(0, order), rows_s)  # identity in eval mode
         weights = self._step_weights()

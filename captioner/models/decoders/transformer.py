@@ -99,7 +99,8 @@ class TransformerDecoder(CaptionDecoder):
         if embed_dim % heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by heads {heads}")
         if not -layers <= overlay_layer < layers:
-            raise ValueError(f"overlay_layer {overlay_layer} is not a layer of {layers} (0..{layers - 1}, or -1 the last)")
+            raise ValueError(f"overlay_layer {overlay_layer} is not a layer of {layers} "
+                             f"(0..{layers - 1}, or -1 the last)")
         self.vocab_size, self.pad_id = vocab_size, pad_id
         self.attention_kind = "multi_head"
         self.overlay_layer = overlay_layer % layers
