@@ -26,7 +26,7 @@ import yaml
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
-from captioner.names import CHOICES, DECODER_ARGUMENTS, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+from captioner.names import BEAM, CHOICES, DECODER_ARGUMENTS, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 
 
 class ConfigError(ValueError):
@@ -205,7 +205,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     split: str = "test"
-    beam_size: int = 3
+    beam_size: int = BEAM
     max_length: int = 0  # most words per decoded caption; 0 = data.max_length (what training saw)
     length_penalty: float = 1.0  # beam ranking: score / length ** length_penalty (every decode reads it)
     block_trigrams: bool = False  # no word that would repeat a trigram of its caption (every decode reads it)

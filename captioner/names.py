@@ -29,6 +29,8 @@ ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
 # decoding/options.py: how a model may read while decoding (one vocabulary: "expectation" is the soft read;
 # "argmax" and "sample" read one cell per word); models/attention.py adds the training-only "gumbel"
 DECODING_MODES = ("expectation", "argmax", "sample")
+# decoding/options.py: the beam width of every decode not told otherwise (the default of eval.beam_size)
+BEAM = 3
 # models/decoders/show_attend_tell.py: the beta gate of Sec. 4.2.1 (scalar, as in the paper), per channel, or none
 GATES = ("scalar", "vector", "none")
 # models/decoders: DECODERS, and the constructor arguments of each kind (config field names equal them:

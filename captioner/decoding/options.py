@@ -19,9 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.names import DECODING_MODES
-
-BEAM = 3  # the beam width of every decode that is not told otherwise (the config's eval.beam_size)
+from captioner.names import BEAM, DECODING_MODES  # BEAM: the width of every decode not told otherwise
 
 
 class DecodeOptionError(ValueError):

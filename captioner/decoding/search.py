@@ -54,7 +54,7 @@ from torch import Tensor
 
 from captioner import fast_paths
 from captioner.decoding.logits import Logits, _ban
-from captioner.decoding.options import DecodeOptions
+from captioner.decoding.options import BEAM, DecodeOptions
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
 StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
@@ -321,7 +321,7 @@ def beam_search(
     batch_size: int,
     start_id: int,
     end_id: int,
-    beam_size: int = 3,
+    beam_size: int = BEAM,
     max_length: int = 20,
     length_penalty: float = 1.0,
     n_best: int = 1,
