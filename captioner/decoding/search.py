@@ -21,7 +21,7 @@ Conventions shared by both searches:
   ... a b, each earlier "a b x" bans x). <end> is never banned this way, so a hypothesis whose
   every other word is banned still ends. Banned words count in the normaliser, as forbid_ids do.
 - `score` is the sum of the model's log-probabilities of the words and, when finished, of
-  <end> (untempered, unmasked by top-k, so it is comparable across searches).
+  <end>, so it is comparable across searches.
 - `norm_score = score / length ** length_penalty`, `length = len(tokens) + finished` (the
   <end> counts as a predicted token). It ranks hypotheses; `length_penalty=0` ranks by raw
   log-probability, 1 by mean log-probability per predicted token.
@@ -237,48 +237,6 @@ class _History:
 # greedy: one path per image
 
 
-def _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                        forbid_ids, choose, arg_max: bool = False, block_trigrams: bool = False):
-    """The one-path loop; `choose(log_probs (B, V)) -> tokens (B,)`. With ``arg_max`` (greedy)
-    a step's Logits give their best word directly (Logits.best)."""
-    _check_args(batch_size, max_length, min_length)
-    _check_state_rows(state, batch_size)
-    B = batch_size
-    tokens = torch.full((B,), start_id, dtype=torch.long, device=_state_device(state))
-    scores = lengths = finished = history = None
-    for t in range(max_length):
-        banned = _banned(t, end_id, min_length, forbid_ids)
-        log_probs, per_word, state = _step(step_fn, tokens, state, B, banned)
-        row_bans = _RowBans.repeats(history.words, ~finished, end_id) if block_trigrams and t else None
-        if isinstance(log_probs, Logits) and arg_max:
-            word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned, row_bans))  # (B,) each
-        else:
-            if isinstance(log_probs, Logits):  # sampling draws from the whole distribution
-                log_probs = _ban(log_probs.dense(), banned)
-            if row_bans is not None:
-                log_probs = row_bans.fill(log_probs)
-            word = choose(log_probs)  # (B,)
-            word_lp = log_probs.gather(1, word[:, None]).squeeze(1)  # (B,)
-        if scores is None:  # created on the device the model answers on
-            scores = torch.zeros(B, device=word_lp.device)
-            lengths = torch.zeros(B, dtype=torch.long, device=word_lp.device)
-            finished = torch.zeros(B, dtype=torch.bool, device=word_lp.device)
-            history = _History(B, word_lp.device)
-        # rows already finished keep their score and length; what they are fed from now on is ignored
-        scores = torch.where(finished, scores, scores + word_lp)
-        is_end = word == end_id
-        lengths = lengths + (~finished & ~is_end).long()
-        finished = finished | is_end
-        history.append(word, per_word)
-        tokens = word
-        if bool(finished.all()):
-            break
-    history.words = history.words.cpu()
-    scores_l, lengths_l, finished_l = scores.tolist(), lengths.tolist(), finished.tolist()
-    return [[_hypothesis(*history.row(b, lengths_l[b]), length_penalty=length_penalty, score=scores_l[b],
-                         finished=bool(finished_l[b]))] for b in range(B)]
-
-
 def _state_device(state: State) -> torch.device:
     found = []
     map_state(state, lambda x: found.append(x.device) or x)
@@ -300,15 +258,43 @@ def greedy_search(
 ) -> list[list[Hypothesis]]:
     """Arg-max decoding; returns B lists holding one Hypothesis. Equals `beam_search(beam_size=1)`.
 
-    `length_penalty` only sets `norm_score` (greedy does not rank anything).
+    `length_penalty` only sets `norm_score` (greedy does not rank anything). A step's Logits give their best
+    word directly (Logits.best); dense log-probs take topk, not argmax: the op beam search uses, so ties break
+    identically.
     """
-
-    def choose(log_probs: Tensor) -> Tensor:
-        # topk, not argmax: the same op beam search uses, so ties break identically
-        return log_probs.topk(1, dim=1).indices.squeeze(1)
-
-    return _single_path_search(step_fn, state, batch_size, start_id, end_id, max_length, min_length, length_penalty,
-                               tuple(forbid_ids), choose, arg_max=True, block_trigrams=block_trigrams)
+    _check_args(batch_size, max_length, min_length)
+    _check_state_rows(state, batch_size)
+    B, forbid_ids = batch_size, tuple(forbid_ids)
+    tokens = torch.full((B,), start_id, dtype=torch.long, device=_state_device(state))
+    scores = lengths = finished = history = None
+    for t in range(max_length):
+        banned = _banned(t, end_id, min_length, forbid_ids)
+        log_probs, per_word, state = _step(step_fn, tokens, state, B, banned)
+        row_bans = _RowBans.repeats(history.words, ~finished, end_id) if block_trigrams and t else None
+        if isinstance(log_probs, Logits):
+            word_lp, word = (x.squeeze(1) for x in log_probs.best(1, banned, row_bans))  # (B,) each
+        else:
+            if row_bans is not None:
+                log_probs = row_bans.fill(log_probs)
+            word_lp, word = (x.squeeze(1) for x in log_probs.topk(1, dim=1))  # (B,) each
+        if scores is None:  # created on the device the model answers on
+            scores = torch.zeros(B, device=word_lp.device)
+            lengths = torch.zeros(B, dtype=torch.long, device=word_lp.device)
+            finished = torch.zeros(B, dtype=torch.bool, device=word_lp.device)
+            history = _History(B, word_lp.device)
+        # rows already finished keep their score and length; what they are fed from now on is ignored
+        scores = torch.where(finished, scores, scores + word_lp)
+        is_end = word == end_id
+        lengths = lengths + (~finished & ~is_end).long()
+        finished = finished | is_end
+        history.append(word, per_word)
+        tokens = word
+        if bool(finished.all()):
+            break
+    history.words = history.words.cpu()
+    scores_l, lengths_l, finished_l = scores.tolist(), lengths.tolist(), finished.tolist()
+    return [[_hypothesis(*history.row(b, lengths_l[b]), length_penalty=length_penalty, score=scores_l[b],
+                         finished=bool(finished_l[b]))] for b in range(B)]
 
 
 # ---------------------------------------------------------------------------------------
