@@ -38,9 +38,6 @@ class ScriptedModel:
     def eval(self):
         return self
 
-    def check_decode_options(self, options):
-        return options
-
     def grid_from(self, inputs, images):
         return inputs
 

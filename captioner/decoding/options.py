@@ -9,7 +9,8 @@ Each setting has one default, below; a model remembers its config's as ``model.d
 ``attention_mode`` speaks one vocabulary, ``DECODING_MODES``: "expectation" (the soft read, the only one a soft
 model makes unless asked), "argmax" or "sample" (one grid cell per word: hard attention, or a soft model whose
 attention can). Whether a given model can read that way is its own check (``Captioner.check_decode_options``),
-made once per decode.
+made where options meet a model: ``Captioner.generate``, ``create_app`` (at start, not at the first upload) and
+SCST's greedy baseline (which samples rather than searches); never per step.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def evaluate_model(
     _check_reencoding(jpeg_quality, cache)
     model.eval()
     grounding = _Grounding(records, model.grid_hw, instances)
-    options = model.check_decode_options(options or model.decode_options)
+    options = options or model.decode_options  # generate checks them against the model
     tokenizer = resolve_tokenizer(tokenizer)
     bar = tqdm(total=len(records), desc=f"decode (beam {options.beam})", unit="img", disable=not progress,
                leave=False)

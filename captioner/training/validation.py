@@ -35,7 +35,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
 
     was_training = model.training
     model.eval()
-    options = model.check_decode_options(model.decode_options.replace_given(beam=1))  # greedy, else the config's
+    options = model.decode_options.replace_given(beam=1)  # greedy, else the config's (generate checks them)
     mode = options.attention_mode
     try:
         total, count = 0.0, 0
