@@ -82,15 +82,20 @@ def add_scoring_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
 
 
+def _model_options(model: Any, **settings: Any) -> DecodeOptions:
+    return model.decode_options.replace_given(**settings)
+
+
 def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Any,
-                   **command_defaults: Any) -> DecodeOptions:
-    """The model's DecodeOptions with ``command_defaults`` (what this command does differently, e.g. forbid
-    <unk> in captions for people) and then every decoding flag given; a bad combination (--n-best above
-    --beam) exits through ``parser.error`` naming the flags."""
+                   build: Callable[..., DecodeOptions] = _model_options, **command_defaults: Any) -> DecodeOptions:
+    """``build(model, **settings)`` (default: the model's DecodeOptions with ``settings``; the page's:
+    serving.server.page_options) with ``command_defaults`` (what this command does differently, e.g. forbid
+    <unk> in captions for people) and every decoding flag given; a bad combination (--n-best above --beam)
+    exits through ``parser.error`` naming the flags."""
     flags = {"beam": args.beam, "n_best": getattr(args, "n_best", None), "attention_mode": args.attention_mode,
              "max_length": args.max_length, "length_penalty": args.length_penalty,
              "block_trigrams": args.block_trigrams}
     try:
-        return model.decode_options.replace_given(**command_defaults).replace_given(**flags)
+        return build(model, **command_defaults, **{k: v for k, v in flags.items() if v is not None})
     except DecodeOptionError as err:
         parser.error(f"argument --{err.setting.replace('_', '-')}: {err.detail}")

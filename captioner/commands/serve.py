@@ -11,7 +11,7 @@ from typing import Sequence
 
 from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
 from captioner.serving.limits import LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES
-from captioner.serving.server import MissingServePackages, create_app, require_serve_packages
+from captioner.serving.server import MissingServePackages, create_app, page_options, require_serve_packages
 
 TOKEN_ENV = "CAPTIONER_SERVE_TOKEN"  # `--token` without a value takes it from here (command lines are public)
 
@@ -77,8 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
     token = _token(args.token)
     hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
-    options = decode_options(parser, args, model, forbid_unk=not args.allow_unk)
-    options = options.replace_given(n_best=options.beam)  # the page lists every hypothesis of the beam
+    options = decode_options(parser, args, model, build=page_options, forbid_unk=not args.allow_unk)
     app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20,
                      max_pixels=args.max_pixels, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                      allowed_hosts=hosts, token=token)
