@@ -34,9 +34,6 @@ class RunDir:
     def __init__(self, root: str | Path) -> None:
         object.__setattr__(self, "root", Path(root))
 
-    def __truediv__(self, name: str) -> Path:  # a file the run keeps that has no name here (a logger's own)
-        return self.root / name
-
     def __str__(self) -> str:
         return str(self.root)
 
