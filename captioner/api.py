@@ -16,7 +16,6 @@ describe (``load_model_folder``, ``load_shipped``) and writes them (``export_mod
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,12 +23,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from captioner.config import Config, EncoderConfig, config_from_dict
+from captioner.config import Config, EncoderConfig
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.models.attention import SelfAttentionEncoder
 from captioner.models.captioner import Captioner, GridPositionEmbedding
-from captioner.models.decoders import CaptionDecoder, build_decoder, decoder_arguments
+from captioner.models.decoders.contract import CaptionDecoder
+from captioner.models.decoders.registry import build_decoder
 from captioner.models.encoder import Encoder, build_encoder
 from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
 from captioner.store import zoo
@@ -42,6 +42,7 @@ from captioner.store.hub import (
     read_model_folder,
     save_model_folder,
 )
+from captioner.store.saved_config import read_saved_config
 
 
 class CaptionsInWords:
@@ -219,13 +220,9 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
     """The one translation of config into constructor arguments."""
     encoder = build_encoder_from_config(cfg.model.encoder)
     refine = _build_refine(cfg, encoder)
-    # model.decoder.kind picks the decoder; it takes the fields of model.attention and model.decoder whose
-    # names are its arguments (config.unread_keys refuses the others when set)
-    kind = cfg.model.decoder.kind
-    settings = {**dataclasses.asdict(cfg.model.attention), **dataclasses.asdict(cfg.model.decoder)}
-    takes = decoder_arguments(kind)
-    decoder = build_decoder(kind, vocab_size=len(vocab), feature_dim=encoder.out_dim, pad_id=vocab.pad_id,
-                            **{name: value for name, value in settings.items() if name in takes})
+    # model.decoder is its family's section (model.decoder.kind); it also reads the model.attention keys it names
+    decoder = build_decoder(cfg.model.decoder, cfg.model.attention, vocab_size=len(vocab),
+                            feature_dim=encoder.out_dim, pad_id=vocab.pad_id)
     return ImageCaptioner(encoder, decoder, vocab, cfg, refine=refine, attention_kind=decoder.attention_kind,
                           decode_options=DecodeOptions.from_config(cfg))
 
@@ -288,9 +285,9 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCapt
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint has no {key!r} entry (keys: {', '.join(payload)})")
     try:
-        cfg = config_from_dict(payload["config"])
+        cfg = read_saved_config(payload["config"], path)
     except ValueError as err:
-        raise CheckpointError(f"{path}: the stored config is invalid: {err}") from None
+        raise CheckpointError(str(err)) from None
     pretrained_backbone = has_installed_backbone(cfg)
     cfg.model.encoder.pretrained = False  # the weights come from the checkpoint; never touch the network
     try:

@@ -1,15 +1,16 @@
-"""Typed configuration: every default lives in a dataclass here.
+"""Typed configuration: every default lives in a dataclass here, or for ``model.decoder`` in its family's.
 
 A YAML file in ``configs/`` lists only what it changes; ``--set a.b=c`` overrides
 are applied after the file. Unknown keys are errors that name the valid ones, values
 are type-checked and range-checked, and the resolved config writes to YAML and reads
 back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
 ``captioner/api.py`` is the one place that turns this into constructor arguments; field
-names equal those arguments' names. The allowed names of scorers, attentions, gates, decoders, decoding
-modes and data formats come from ``captioner/names.py``, a torch-free table below both this module and the
-code (whose registries, ``SCORERS``, ``ATTENTIONS``, ``DECODERS``, ``LOADERS``, a test holds equal to it):
-loading a config imports neither torch, the models nor the data readers, and this module imports no other
-module of the package at load time.
+names equal those arguments' names. The allowed names of scorers, attentions, decoding modes and data
+formats come from ``captioner/names.py``, a torch-free table below both this module and the code (whose
+registries, ``SCORERS``, ``ATTENTIONS``, ``LOADERS``, a test holds equal to it). ``model.decoder`` is the
+section of the decoder family ``model.decoder.kind`` names: a dataclass that family owns, with its keys, its
+checks and the ``model.attention`` keys it reads (``captioner/models/decoders/``: family.py and each family's
+torch-free ``*_config.py``). Loading a config imports neither torch, the models' code nor the data readers.
 
 The ``captioner config`` command (list, show) is captioner/commands/config.py's.
 """
@@ -24,9 +25,13 @@ from typing import Any, Iterable
 
 import yaml
 
+# model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
+# (captioner/models/decoders/: its torch-free config modules, not the models)
+from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, DecoderFamilyConfig, family_config
+
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
-from captioner.names import BEAM, CHOICES, DECODER_ARGUMENTS, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+from captioner.names import BEAM, CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 
 
 class ConfigError(ValueError):
@@ -90,32 +95,20 @@ class AttentionConfig:
     """Which scorer and which attention the decoder uses."""
 
     scorer: str = "additive"  # additive | dot | scaled_dot | bilinear
-    attention: str = "soft"  # soft | hard | key_value | multi_head (the key ``kind`` reads as this: RENAMED)
-    heads: int = 1
+    attention: str = "soft"  # soft | hard | key_value | multi_head
+    heads: int = 1  # also the encoder's self-attention heads (model.encoder.self_attention_layers)
     attention_dim: int = 512
 
 
 @dataclass
-class DecoderConfig:
-    """Which decoder (``kind``, a key of models/decoders' DECODERS) and its arguments. Each kind reads the
-    fields of this section and of ``model.attention`` that its constructor takes; setting one it does not take
-    is refused (unread_keys)."""
-
-    kind: str = "lstm"  # lstm (Show-Attend-Tell) | transformer
-    embed_dim: int = 512  # lstm: word embedding and deep output; transformer: the model width
-    hidden_dim: int = 512  # lstm: the LSTM's size; transformer: the feed-forward width
-    gate: str = "scalar"  # lstm: scalar (the paper) | vector (per channel) | none
-    dropout: float = 0.5
-    feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
-    layers: int = 2  # transformer: decoder layers
-    overlay_layer: int = -1  # transformer: the layer whose cross-attention the overlays show (-1: the last)
-
-
-@dataclass
 class ModelConfig:
+    """The encoder, the attention, and the decoder: ``model.decoder.kind`` picks the decoder family, whose own
+    dataclass is the section (models/decoders: ShowAttendTellConfig for lstm, TransformerConfig for
+    transformer); a family reads the model.attention keys it names (ATTENTION_KEYS) and refuses the others set."""
+
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    decoder: DecoderFamilyConfig = field(default_factory=DECODER_CONFIGS[DEFAULT_DECODER])
 
 
 @dataclass
@@ -222,10 +215,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# Keys renamed so that a field's name is the constructor argument it feeds (old -> new dotted path). Files,
-# overrides and the configs stored in checkpoints and shipped models that use an old name still read.
-RENAMED: dict[str, str] = {"model.attention.kind": "model.attention.attention"}
-
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -256,27 +245,32 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
 
 
-def _rename_keys(data: dict, prefix: str) -> dict:
-    """``data`` (the mapping at ``prefix``) with renamed keys under their new names (see RENAMED)."""
-    for old, new in RENAMED.items():
-        section, _, old_key = old.rpartition(".")
-        if section != prefix or old_key not in data:
-            continue
-        new_key = new.rpartition(".")[2]
-        if new_key in data:
-            raise ConfigError(f"{old} and {new} both given: {old} is the old name of {new}; keep only {new}")
-        data = {(new_key if k == old_key else k): v for k, v in data.items()}
-    return data
+def _section_class(cls: type, kind: Any) -> type:
+    """The dataclass of a section: itself, or for model.decoder the family of ``kind``."""
+    if cls is not DecoderFamilyConfig:
+        return cls
+    try:
+        return family_config(kind)
+    except (ValueError, TypeError) as err:  # TypeError: an unhashable kind
+        raise ConfigError(str(err) if isinstance(err, ValueError) else
+                          f"model.decoder.kind: {kind!r} is not one of {', '.join(DECODER_CONFIGS)}") from None
+
+
+def _where(cls: type, prefix: str) -> str:
+    """How an unknown key's message names the section it is not in."""
+    if issubclass(cls, DecoderFamilyConfig):
+        return f"{prefix} for kind {cls.kind}"
+    return prefix or "top level"
 
 
 def _from_dict(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
-    data = _rename_keys(data, prefix)
+    cls = _section_class(cls, data.get("kind", DEFAULT_DECODER))
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
-        where = prefix or "top level"
+        where = _where(cls, prefix)
         raise ConfigError(
             f"unknown config key {'.'.join(filter(None, [prefix, str(unknown[0])]))!r} "
             f"(valid keys at {where}: {', '.join(types_)})"
@@ -317,7 +311,7 @@ def unread_keys(cfg: Config) -> dict[str, str]:
     its data.format would not read (``unread_data_keys``)."""
     hard = cfg.model.attention.attention == "hard"
     hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
-    unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_decoder_keys(cfg.model.decoder.kind)}
+    unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_attention_keys(cfg.model.decoder)}
     if not cfg.model.encoder.finetune_blocks:
         unread["model.encoder.update_bn_stats"] = "a frozen encoder's batch norms never update (finetune_blocks is 0)"
     if cfg.train.objective == "scst":
@@ -362,12 +356,10 @@ def unread_data_keys(cfg: Config) -> dict[str, str]:
             for key in ("val_share", "test_share", "split_seed")}
 
 
-def _unread_decoder_keys(kind: str) -> dict[str, str]:
-    """The model.attention and model.decoder keys that decoder ``kind`` does not take (api.build_model)."""
-    takes = DECODER_ARGUMENTS[kind]  # validate() has checked the kind
-    return {f"model.{section}.{f.name}": f"the {kind} decoder does not take it"
-            for section, cls in (("attention", AttentionConfig), ("decoder", DecoderConfig))
-            for f in dataclasses.fields(cls) if f.name != "kind" and f.name not in takes}
+def _unread_attention_keys(decoder: DecoderFamilyConfig) -> dict[str, str]:
+    """The model.attention keys that the decoder family does not read (its ATTENTION_KEYS)."""
+    return {f"model.attention.{f.name}": f"the {decoder.kind} decoder does not read it"
+            for f in dataclasses.fields(AttentionConfig) if f.name not in decoder.ATTENTION_KEYS}
 
 
 def check_read_keys(cfg: Config) -> None:
@@ -395,11 +387,12 @@ def check_scst_entropy(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Range and choice checks; errors name the key path and the offending value."""
-    for path, choices in CHOICES.items():
+    family = cfg.model.decoder  # the decoder family's tables join the config's (models/decoders/*_config.py)
+    for path, choices in {**CHOICES, **{f"model.decoder.{k}": v for k, v in family.CHOICES.items()}}.items():
         value = get_path(cfg, path)
         if value not in choices:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}")
-    for path in POSITIVE:
+    for path in (*POSITIVE, *(f"model.decoder.{k}" for k in family.POSITIVE)):
         value = get_path(cfg, path)
         if not value > 0:
             raise ConfigError(f"{path}: must be > 0, got {value!r}")
@@ -407,7 +400,7 @@ def validate(cfg: Config) -> None:
         value = get_path(cfg, path)
         if value < 0:
             raise ConfigError(f"{path}: must be >= 0, got {value!r}")
-    for path in UNIT_INTERVAL:
+    for path in (*UNIT_INTERVAL, *(f"model.decoder.{k}" for k in family.UNIT_INTERVAL)):
         value = get_path(cfg, path)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
@@ -427,18 +420,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
     if cfg.train.scst.entropy_weight != ScstConfig.entropy_weight and cfg.train.scst.entropy_weight < 0:
         raise ConfigError(f"train.scst.entropy_weight: must be >= 0, got {cfg.train.scst.entropy_weight!r}")
-    dec = cfg.model.decoder
-    if not -dec.layers <= dec.overlay_layer < dec.layers:
-        raise ConfigError(f"model.decoder.overlay_layer: {dec.overlay_layer} is not a layer of model.decoder.layers "
-                          f"({dec.layers}): 0..{dec.layers - 1}, or -1 for the last")
-    if dec.kind == "transformer" and dec.embed_dim % cfg.model.attention.heads:
-        raise ConfigError(f"model.decoder.embed_dim ({dec.embed_dim}) must be divisible by model.attention.heads "
-                          f"({cfg.model.attention.heads}) for the transformer decoder")
-    if cfg.model.attention.attention == "multi_head" and cfg.model.attention.attention_dim % cfg.model.attention.heads:
-        raise ConfigError(
-            f"model.attention.attention_dim ({cfg.model.attention.attention_dim}) must be divisible by "
-            f"model.attention.heads ({cfg.model.attention.heads})"
-        )
+    try:
+        family.check(cfg.model.attention)  # what the family's tables cannot say
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def split_override(text: str) -> tuple[list[str], str]:
@@ -483,45 +468,50 @@ def _parse_value(raw: str, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported field type {typ}")  # pragma: no cover
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split ``a.b.c=value`` into its key path and the value read as that field's type."""
+def parse_override(text: str, decoder_kind: str = DEFAULT_DECODER) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and the value read as that field's type (model.decoder's keys
+    are those of the family ``decoder_kind``)."""
     parts, raw = split_override(text)
-    parts = RENAMED.get(".".join(parts), ".".join(parts)).split(".")
-    return parts, _parse_value(raw, _field_type_at(parts), ".".join(parts))
+    return parts, _parse_value(raw, _field_type_at(parts, decoder_kind), ".".join(parts))
 
 
-def _field_type_at(parts: list[str]) -> Any:
+def _field_type_at(parts: list[str], decoder_kind: str = DEFAULT_DECODER) -> Any:
     """The annotated type at a key path; unknown keys name the valid ones."""
     cls: Any = Config
     typ: Any = Config
     for i, part in enumerate(parts):
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(parts[:i])} is a value, not a section")
+        cls = _section_class(cls, decoder_kind)
         types_ = _field_types(cls)
         if part not in types_:
-            where = ".".join(parts[:i]) or "top level"
-            raise ConfigError(
-                f"unknown config key {'.'.join(parts[: i + 1])!r} (valid keys at {where}: {', '.join(types_)})")
+            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} "
+                              f"(valid keys at {_where(cls, '.'.join(parts[:i]))}: {', '.join(types_)})")
         typ = cls = types_[part]
     return typ
 
 
+def _decoder_kind(data: dict) -> Any:
+    """model.decoder.kind in a nested dict (the default when it names none)."""
+    decoder = (data.get("model") or {}).get("decoder") if isinstance(data.get("model"), dict) else None
+    return decoder.get("kind", DEFAULT_DECODER) if isinstance(decoder, dict) else DEFAULT_DECODER
+
+
 def apply_override(data: dict, text: str) -> None:
-    """Set one ``key.path=value`` override into a nested dict, checking the path exists."""
-    parts, value = parse_override(text)
+    """Set one ``key.path=value`` override into a nested dict, checking the path exists (model.decoder's keys:
+    those of the family the dict's model.decoder.kind names)."""
+    parts, value = parse_override(text, _decoder_kind(data))
     path = ".".join(parts)
-    if dataclasses.is_dataclass(_field_type_at(parts)) and not isinstance(value, dict):
+    typ = _field_type_at(parts, _decoder_kind(data))
+    if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
         raise ConfigError(f"{path} is a section; set one of its keys: "
-                          f"{', '.join(_field_types(_field_type_at(parts)))}")
+                          f"{', '.join(_field_types(_section_class(typ, _decoder_kind(data))))}")
     node = data
     for i, part in enumerate(parts[:-1]):
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: expected a mapping in the config file")
     node[parts[-1]] = value
-    for old, new in RENAMED.items():  # the override wins over the file's value under the old name
-        if new == path:
-            node.pop(old.rpartition(".")[2], None)
 
 
 # The configs shipped with the package (``configs/`` in a checkout is a link to this folder).
@@ -555,16 +545,23 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-    for text in overrides:
+    return config_from_file_data(data, overrides, source=path)
+
+
+def config_from_file_data(data: Any, overrides: Iterable[str] = (), source: str | Path | None = None) -> Config:
+    """A config file's contents (``data``, read from ``source``) with ``overrides`` applied, checked as a run
+    reads it: validated, and no key set that the run would ignore (check_read_keys)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    # a --set of model.decoder.kind first: the other model.decoder overrides are keys of the family it names
+    for text in sorted(overrides, key=lambda t: split_override(t)[0] != ["model", "decoder", "kind"]):
         apply_override(data, text)
     try:
         cfg = config_from_dict(data)
         check_read_keys(cfg)  # here, not in validate: a checkpoint's saved config still loads for decoding
         return cfg
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from None
+        raise ConfigError(f"{source}: {err}" if source is not None else str(err)) from None
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -1,23 +1,25 @@
 """The names of every choice a config can make, in one torch-free module below the config and the code.
 
-The config checks a run's choices at load (an unknown ``model.decoder.kind`` is refused there, listing the
+The config checks a run's choices at load (an unknown ``model.attention.scorer`` is refused there, listing the
 valid ones) without importing the models, the data readers or torch: of the package, ``captioner/config.py``
-imports only this module (and ``atomic.py``, to write a config). The code that behaves differently per name
-owns the behaviour:
+imports only this module, the decoder families' torch-free configs (below) and ``atomic.py`` (to write a
+config). The code that behaves differently per name owns the behaviour:
 
 - plain tuples are defined here once and imported by that code: DECODING_MODES (``models/attention.py``,
   ``decoding/options.py``, ``commands/arguments.py``), SPLITS (``data/datasets.py``, ``commands/evaluate.py``,
-  ``commands/extract.py``, ``commands/score.py``), GATES (``models/decoders/show_attend_tell.py``), OPTIMIZERS
-  (``training/optim.py``), WANDB_MODES (``training/wblog.py``, as MODES) and ENSEMBLE_ATTENTIONS
-  (``models/ensemble.py``, ``commands/caption.py``, ``commands/evaluate.py``);
+  ``commands/extract.py``, ``commands/score.py``), OPTIMIZERS (``training/optim.py``), WANDB_MODES
+  (``training/wblog.py``, as MODES) and ENSEMBLE_ATTENTIONS (``models/ensemble.py``, ``commands/caption.py``,
+  ``commands/evaluate.py``);
 - registries of classes or functions stay beside their code and are checked against their tables here by
   tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
-  (``models/attention.py``), DECODERS (``models/decoders``), LOADERS (``data/datasets.py``), ESTIMATORS
-  (``training/estimators.py``, against HARD_ESTIMATORS); so is each decoder's constructor signature against
-  DECODER_ARGUMENTS.
+  (``models/attention.py``), LOADERS (``data/datasets.py``), ESTIMATORS (``training/estimators.py``, against
+  HARD_ESTIMATORS).
 
-Adding a scorer, an attention, a decoder, a data format or an estimator takes its name here as well as its
-entry in the registry; the test says which table lags.
+The decoder families are not named here: each owns its ``model.decoder`` section, a torch-free dataclass the
+config reads through ``captioner/models/decoders``' DECODER_CONFIGS (its kinds, keys, values and checks).
+
+Adding a scorer, an attention, a data format or an estimator takes its name here as well as its entry in the
+registry; the test says which table lags.
 """
 
 from __future__ import annotations
@@ -31,18 +33,6 @@ ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
 DECODING_MODES = ("expectation", "argmax", "sample")
 # decoding/options.py: the beam width of every decode not told otherwise (the default of eval.beam_size)
 BEAM = 3
-# models/decoders/show_attend_tell.py: the beta gate of Sec. 4.2.1 (scalar, as in the paper), per channel, or none
-GATES = ("scalar", "vector", "none")
-# models/decoders: DECODERS, and the constructor arguments of each kind (config field names equal them:
-# api.build_model passes a kind the model.attention and model.decoder fields it takes; the config refuses
-# the others when set)
-DECODER_ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "lstm": ("vocab_size", "feature_dim", "embed_dim", "hidden_dim", "attention_dim", "scorer", "attention",
-             "heads", "gate", "dropout", "pad_id", "feature_dropout"),
-    "transformer": ("vocab_size", "feature_dim", "embed_dim", "hidden_dim", "layers", "heads", "dropout",
-                    "feature_dropout", "overlay_layer", "pad_id"),
-}
-DECODER_KINDS = tuple(DECODER_ARGUMENTS)
 # training/estimators.py: ESTIMATORS, how hard attention's location policy learns under cross-entropy
 # (REINFORCE: paper, loo; the straight-through Gumbel-softmax read: gumbel)
 HARD_ESTIMATORS = ("paper", "loo", "gumbel")
@@ -74,8 +64,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.format": DATA_FORMATS,
     "model.attention.scorer": SCORER_NAMES,
     "model.attention.attention": ATTENTION_NAMES,
-    "model.decoder.gate": GATES,
-    "model.decoder.kind": DECODER_KINDS,
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
     "train.amp": AMP_MODES,
@@ -91,8 +79,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 POSITIVE = (
     "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
-    "model.attention.heads", "model.attention.attention_dim", "model.decoder.embed_dim",
-    "model.decoder.hidden_dim", "model.decoder.layers", "train.epochs", "train.batch_size", "train.lr",
+    "model.attention.heads", "model.attention.attention_dim", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
     "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
     "train.hard.temperature", "train.hard.temperature_min",
@@ -108,7 +95,7 @@ NON_NEGATIVE = (
     "train.average_last",
 )
 UNIT_INTERVAL = (
-    "model.decoder.dropout", "model.decoder.feature_dropout", "data.max_failure_share", "data.val_share",
+    "data.max_failure_share", "data.val_share",
     "data.test_share", "train.hard.baseline_decay",
     "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
 )

@@ -161,7 +161,7 @@ def _caption_lengths(s: dict, generator: torch.Generator) -> torch.Tensor:
 
 
 def _build_decoder(s: dict, attention: str, device: str):
-    from captioner.models.decoders import FastShowAttendTellDecoder
+    from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 
     torch.manual_seed(0)
     return FastShowAttendTellDecoder(s["vocab"], s["feature_dim"], embed_dim=s["embed_dim"], hidden_dim=s["hidden_dim"],

@@ -33,7 +33,7 @@ def _models(s: dict, members: int, device: str) -> list:
     """``members`` random captioners sharing one random EfficientNet-Lite0 backbone (no weights are read), each
     with its own projection to s["feature_dim"] (when that is not the backbone's 1280) and decoder."""
     from captioner.models.captioner import Captioner
-    from captioner.models.decoders import FastShowAttendTellDecoder
+    from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
     from captioner.models.encoder import build_encoder
 
     models = []

@@ -32,7 +32,7 @@ def one_thread():
 
 def test_caption_train_flops_counts_every_matmul_once():
     bench = load_bench()
-    from captioner.models.decoders import FastShowAttendTellDecoder
+    from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 
     V, D, E, H, A, L, S = 50, 24, 16, 20, 12, 9, 5
     dec = FastShowAttendTellDecoder(V, D, embed_dim=E, hidden_dim=H, attention_dim=A)
@@ -128,7 +128,7 @@ def test_scst_bench_reports_the_reward_share(one_thread):
                                          ("key_value", "additive"), ("multi_head", "scaled_dot")])
 def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, one_thread):
     from captioner.decoding.search import beam_search
-    from captioner.models.decoders import FastShowAttendTellDecoder
+    from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 
     torch.manual_seed(0)
     dec = FastShowAttendTellDecoder(30, 12, embed_dim=16, hidden_dim=20, attention_dim=16, scorer=scorer,

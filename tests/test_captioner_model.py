@@ -60,7 +60,7 @@ def _spy_reads(model, monkeypatch) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("mode", ["sample", "argmax"])
 def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode):
-    model = build_model(load_config(SMOKE, ["model.attention.kind=hard"]), vocab).eval()
+    model = build_model(load_config(SMOKE, ["model.attention.attention=hard"]), vocab).eval()
     H, W = model.grid_hw
     torch.manual_seed(0)
     grid = model.prepare_grid(torch.randn(3, H * W, model.encoder.backbone_dim))
@@ -82,7 +82,7 @@ def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode
 def test_hard_beam_search_and_caption_carry_locations(vocab):
     from PIL import Image
 
-    model = build_model(load_config(SMOKE, ["model.attention.kind=hard"]), vocab).eval()
+    model = build_model(load_config(SMOKE, ["model.attention.attention=hard"]), vocab).eval()
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
     with torch.no_grad():

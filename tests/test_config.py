@@ -1,5 +1,6 @@
 """Config strictness, overrides and the YAML round trip."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -98,11 +99,11 @@ def test_override_syntax_errors():
 
 def test_multi_head_dim_divisible():
     with pytest.raises(ConfigError, match="heads"):
-        load_config(None, ["model.attention.kind=multi_head", "model.attention.heads=3"])
+        load_config(None, ["model.attention.attention=multi_head", "model.attention.heads=3"])
 
 
 def test_round_trip_yaml(tmp_path):
-    cfg = load_config(None, ["model.attention.kind=hard", "train.lr=0.0003", "eval.beam_size=5",
+    cfg = load_config(None, ["model.attention.attention=hard", "train.lr=0.0003", "eval.beam_size=5",
                              "data.captions=some/file.json"])
     save_config(cfg, tmp_path / "cfg.yaml")
     again = load_config(tmp_path / "cfg.yaml")
@@ -143,25 +144,24 @@ def test_config_show_prints_every_key_resolved(capsys):
     assert cli_main(["config", "show", "nope"]) == 1
 
 
-def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_still_reads(tmp_path):
+def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_is_unknown_in_a_file(tmp_path):
+    """A file or --set uses today's keys: model.attention.kind is refused naming the valid keys (a config an
+    earlier version saved still reads: tests/test_saved_config.py)."""
     import inspect
 
-    from captioner.models.decoders import ShowAttendTellDecoder
+    from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 
     assert "attention" in inspect.signature(ShowAttendTellDecoder).parameters
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  attention:\n    kind: hard\n")
-    assert load_config(old).model.attention.attention == "hard"  # a file (or stored config) with the old key
-    assert load_config(old, ["model.attention.attention=soft"]).model.attention.attention == "soft"
-    assert load_config(None, ["model.attention.kind=hard"]).model.attention.attention == "hard"
+    with pytest.raises(ConfigError, match=r"old.yaml: unknown config key 'model.attention.kind' \(valid keys at "
+                                          r"model.attention: scorer, attention, heads, attention_dim\)"):
+        load_config(old)
+    with pytest.raises(ConfigError, match="unknown config key 'model.attention.kind'"):
+        load_config(None, ["model.attention.kind=hard"])
     saved = tmp_path / "saved.yaml"
-    save_config(load_config(old), saved)
-    assert "attention: hard" in saved.read_text()
-    assert "kind" not in yaml.safe_load(saved.read_text())["model"]["attention"]
-    both = tmp_path / "both.yaml"
-    both.write_text("model:\n  attention:\n    kind: hard\n    attention: soft\n")
-    with pytest.raises(ConfigError, match="model.attention.kind is the old name of model.attention.attention"):
-        load_config(both)
+    save_config(load_config(None, ["model.attention.attention=hard"]), saved)
+    assert yaml.safe_load(saved.read_text())["model"]["attention"]["attention"] == "hard"
 
 
 def test_choices_are_the_model_code_tables():
@@ -173,7 +173,8 @@ def test_choices_are_the_model_code_tables():
     from captioner.config import CHOICES
     from captioner.data.datasets import LOADERS, SPLITS
     from captioner.models.attention import ATTENTIONS
-    from captioner.models.decoders import DECODERS, GATES, REFERENCES, decoder_arguments
+    from captioner.models.decoders import DECODER_CONFIGS
+    from captioner.models.decoders.registry import DECODERS, REFERENCES
     from captioner.models.scorers import SCORERS
     from captioner.training.estimators import ESTIMATORS
     from captioner.training.optim import OPTIMIZERS
@@ -181,14 +182,19 @@ def test_choices_are_the_model_code_tables():
 
     assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
     assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
-    assert tuple(DECODERS) == tuple(REFERENCES) == names.DECODER_KINDS == CHOICES["model.decoder.kind"]
+    # the decoder families: the torch-free configs the config reads and the classes, one registry each
+    assert tuple(DECODERS) == tuple(REFERENCES) == tuple(DECODER_CONFIGS)
     assert {"lstm", "transformer"} <= set(DECODERS)
-    for kind in DECODERS:  # which config keys a kind reads: its constructor's arguments, fast and reference alike
-        assert decoder_arguments(kind) == names.DECODER_ARGUMENTS[kind]
-        assert tuple(inspect.signature(REFERENCES[kind]).parameters) == names.DECODER_ARGUMENTS[kind]
+    for kind, family in DECODER_CONFIGS.items():
+        assert family().kind == kind
+        # the keys a family reads are its constructor's arguments, fast and reference alike (besides the sizes
+        # the vocabulary and the encoder fix)
+        reads = {f.name for f in dataclasses.fields(family)} - {"kind"} | set(family.ATTENTION_KEYS)
+        for cls in (DECODERS[kind], REFERENCES[kind]):
+            assert cls.config_class is family
+            assert set(inspect.signature(cls).parameters) == reads | {"vocab_size", "feature_dim", "pad_id"}
     assert tuple(LOADERS) == names.DATA_FORMATS == CHOICES["data.format"]
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
-    assert GATES == CHOICES["model.decoder.gate"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
     assert tuple(ESTIMATORS) == names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
     assert names.DECODING_MODES == CHOICES["eval.attention_mode"]
@@ -254,10 +260,16 @@ def test_a_key_the_objective_does_not_read_is_refused(run):
       "model.attention.attention_dim": "64"}),
 ])
 def test_each_decoder_kind_reads_the_keys_its_constructor_takes(kind, read, refused):
+    """model.decoder is the family's own section: another family's key is unknown there, named with the keys
+    this kind has; a model.attention key the family does not read is refused when set."""
     for key, value in read.items():
         assert str(get_path(load_config(None, [f"model.decoder.kind={kind}", f"{key}={value}"]), key)) == value
+        # the kind may be set after its keys: it is applied first
+        assert str(get_path(load_config(None, [f"{key}={value}", f"model.decoder.kind={kind}"]), key)) == value
     for key, value in refused.items():
-        with pytest.raises(ConfigError, match=f"{key}: set to .*the {kind} decoder does not take it"):
+        why = (f"{key}: set to .*the {kind} decoder does not read it" if key.startswith("model.attention.") else
+               f"unknown config key '{key}' \\(valid keys at model.decoder for kind {kind}: kind, embed_dim")
+        with pytest.raises(ConfigError, match=why):
             load_config(None, [f"model.decoder.kind={kind}", f"{key}={value}"])
     with pytest.raises(ConfigError, match="model.decoder.kind: 'gru' is not one of lstm, transformer"):
         load_config(None, ["model.decoder.kind=gru"])

@@ -6,7 +6,9 @@ import torch.nn.functional as F
 
 from captioner import fast_paths
 from captioner.models.attention import ATTENTIONS
-from captioner.models.decoders import DecoderOutput, FastShowAttendTellDecoder, ShowAttendTellDecoder
+from captioner.models.decoders.contract import DecoderOutput
+from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 
 V, D, L = 23, 12, 6
 KINDS = sorted(ATTENTIONS)

@@ -8,9 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from captioner.config import AttentionConfig
 from captioner.decoding.search import beam_search, greedy_search
 from captioner.models.attention import ATTENTIONS
-from captioner.models.decoders import DECODERS, CaptionDecoder, DecoderOutput, build_decoder, decoder_arguments
+from captioner.models.decoders import family_config
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
+from captioner.models.decoders.registry import DECODERS, build_decoder
 from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
 from captioner.visualize import overlay_attention
 
@@ -22,10 +25,11 @@ START, END, PAD = 1, 2, 0
 
 def tiny(kind: str, dropout: float = 0.0, **overrides) -> CaptionDecoder:
     torch.manual_seed(0)
-    sizes = dict(embed_dim=16, hidden_dim=24, attention_dim=16, heads=2, layers=2, dropout=dropout, **overrides)
-    takes = decoder_arguments(kind)
-    return build_decoder(kind, vocab_size=V, feature_dim=D, pad_id=PAD,
-                         **{name: value for name, value in sizes.items() if name in takes})
+    sizes = dict(embed_dim=16, hidden_dim=24, layers=2, dropout=dropout, **overrides)
+    family = family_config(kind)  # built as api.build_model builds it: the family's section and model.attention
+    section = family(**{f: v for f, v in sizes.items() if f in family.__dataclass_fields__})
+    return build_decoder(section, AttentionConfig(attention_dim=16, heads=2), vocab_size=V, feature_dim=D,
+                         pad_id=PAD)
 
 
 def batch(b: int = 4, t: int = 8, seed: int = 0):
@@ -171,5 +175,5 @@ def test_transformer_overlay_layer_and_cache():
             _, _, _, (grid_memory_t, words) = first.step_with_location(captions[:, t], (grid_memory, words))
             assert grid_memory_t is grid_memory  # the grid's keys and values: once per image
             assert all(v.shape[2] == t + 1 for v, _ in words)  # one cached position per word
-    with pytest.raises(ValueError, match="overlay_layer 2 is not a layer of 2"):
+    with pytest.raises(ValueError, match=r"overlay_layer: 2 is not a layer of model.decoder.layers \(2\)"):
         tiny("transformer", overlay_layer=2)

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from captioner import fast_paths
-from captioner.models.decoders import FastShowAttendTellDecoder, ProjectedState, ShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder, ProjectedState
 from captioner.models.deferred import step_weights
 from captioner.training.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
 

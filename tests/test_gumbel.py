@@ -19,7 +19,7 @@ from captioner.api import build_model
 from captioner.config import ESTIMATOR_KEYS, ConfigError, HardConfig, get_path, load_config
 from captioner.data.vocab import Vocab
 from captioner.models.attention import HardAttention, gumbel_noise, read_context
-from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.names import DECODING_MODES, HARD_ESTIMATORS
 from captioner.store.checkpoint import load_checkpoint
 from captioner.training.distributed import seed_everything

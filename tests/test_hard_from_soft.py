@@ -23,8 +23,9 @@ from captioner.config import ConfigError, check_read_keys, config_from_dict, con
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.models.attention import check_read
-from captioner.models.decoders import FastShowAttendTellDecoder, build_decoder
 from captioner.models.decoders.contract import shared_dropout
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
+from captioner.models.decoders.transformer import TransformerDecoder
 from captioner.training.loop import train
 from captioner.training.resume import INIT_MAY_DIFFER, init_weights, load_init, require_same_sections
 from captioner.training.scst import SelfCritical
@@ -176,7 +177,7 @@ def test_the_train_forward_passes_the_copy_rows_as_dropout_rows():
 
 
 def test_the_transformer_decoder_refuses_dropout_rows():
-    dec = build_decoder("transformer", vocab_size=19, feature_dim=12, embed_dim=16, hidden_dim=24, heads=2)
+    dec = TransformerDecoder(vocab_size=19, feature_dim=12, embed_dim=16, hidden_dim=24, heads=2)
     with pytest.raises(ValueError, match="dropout_rows"):
         dec(torch.randn(2, 6, 12), torch.tensor([[1, 5, 2], [1, 6, 2]]), torch.tensor([3, 3]),
             dropout_rows=torch.tensor([0, 0]))

@@ -27,7 +27,7 @@ import torch
 from captioner import kernels
 from captioner.decoding.search import Logits, beam_search
 from captioner.kernels import build
-from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.models.scorers import AdditiveScorer
 
 if not kernels.available() and os.environ.get("CAPTIONER_REQUIRE_KERNELS") != "1":

@@ -2,7 +2,8 @@
 
 - no import cycles: the graph of which module imports which has no circle, not even through a function-level
   import (``api`` <-> ``zoo`` and ``config`` <-> ``data/datasets`` were two);
-- ``captioner/config.py`` is a leaf: it checks names against ``captioner/names.py`` and loads without torch;
+- ``captioner/config.py`` is a leaf: it checks names against ``captioner/names.py`` and reads the decoder
+  families' torch-free configs (``models/decoders/*_config.py``), and loads without torch;
 - ``captioner/models/`` holds pure modules: they import neither the data layer, the config, the
   checkpoint format nor the application (``captioner.api``) or the command line;
 - ``captioner/data/`` knows files and records, not models;
@@ -185,13 +186,32 @@ def test_the_package_has_no_import_cycles():
         "\n".join("  " + " <-> ".join(c) for c in cycles)
 
 
+def _family_config(module: str) -> bool:
+    """A decoder family's torch-free config module (or the decoders package's own, which lists them)."""
+    name = module.removeprefix("captioner.models.decoders")
+    return name in ("", ".family") or (name.startswith(".") and name.endswith("_config"))
+
+
 def test_config_is_a_leaf_and_loads_without_torch():
-    assert package_graph()["captioner.config"] <= {"captioner.names", "captioner.atomic"}
+    """config.py reads names.py, atomic.py and the decoder families' configs (models/decoders/*_config.py,
+    family.py, the package's registry of them), which import nothing else of the package, and no torch."""
+    graph = package_graph()
+    assert graph["captioner.config"] <= {"captioner.names", "captioner.atomic", "captioner.models.decoders"}
+    reached, todo = set(), ["captioner.config"]
+    while todo:
+        for target in graph[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    families = reached - {"captioner.names", "captioner.atomic"}
+    assert len(families) >= 4 and all(_family_config(m) for m in families), sorted(families)
     code = ("import sys\nimport captioner.config\ncaptioner.config.load_config('smoke')\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'captioner'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
-    assert ast.literal_eval(out) == ["captioner", "captioner.config", "captioner.names", "captioner.version"], out
+    loaded = ast.literal_eval(out)
+    assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config", "captioner.models",
+                                                            "captioner.names", "captioner.version"], out
+    assert {m for m in loaded if m.startswith("captioner.models.decoders")} == families, out
 
 
 # --------------------------------------------------------------------------- layers

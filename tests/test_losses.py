@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.models.decoders import DecoderOutput
+from captioner.models.decoders.contract import DecoderOutput
 from captioner.training.losses import (
     doubly_stochastic_penalty,
     hard_attention_loss,

@@ -13,7 +13,7 @@ from captioner import fast_paths
 from captioner.api import build_model
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
-from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.training.losses import hard_attention_loss, soft_attention_loss
 from captioner.training.optim import build_optimizer
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from captioner.models.decoders import FastShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.training.losses import scst_baseline, scst_loss
 
 PAD, START, END = 0, 1, 2

@@ -82,7 +82,7 @@ def test_smoke_run_writes_run_dir_and_loss_falls(data_root, tmp_path, fake_score
 
 @pytest.mark.parametrize("kind", ["soft", "hard", "hard-loo"])
 def test_resume_continues_exactly(data_root, tmp_path, fake_scores, kind):
-    sets = [f"model.attention.kind={kind.split('-')[0]}"] + (
+    sets = [f"model.attention.attention={kind.split('-')[0]}"] + (
         ["train.hard.estimator=loo", "train.hard.samples=3", "train.alpha_c=0"] if kind == "hard-loo" else [])
     straight = train(_cfg(data_root, tmp_path / "straight", *sets, "train.epochs=2"))
     first = train(_cfg(data_root, tmp_path / "resumed", *sets, "train.epochs=1"))
@@ -200,7 +200,7 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
         return {"BLEU-4": 0.0, "CIDEr-D": 0.0}
 
     monkeypatch.setattr(validation_mod, "score_captions", score)
-    cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.kind={kind}")
+    cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.attention={kind}")
     run = train(cfg)
     model = load_captioner(run)
     cache = FeatureCache.open(cache_dir_for(cfg.data, model.encoder.fingerprint()))
@@ -220,7 +220,7 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
            "--set", f"train.run_dir={run_dir}", "--set", "train.num_threads=1", "--set", "train.epochs=3",
-           "--set", "model.attention.kind=hard", "--set", NO_OVERLAYS]
+           "--set", "model.attention.attention=hard", "--set", NO_OVERLAYS]
     env = dict(os.environ, **{train_mod.WEIGHTS_HASH_ENV: "1", "OMP_NUM_THREADS": "1"})
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
 from captioner.store.rundir import RunDir
+from captioner.store.saved_config import load_run_config
 from captioner.training.distributed import TrainingError
 from captioner.training.loop import train
 
@@ -39,10 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.store.checkpoint import CheckpointError
 
     try:
-        config_path = args.config
-        if config_path is None and args.resume is not None and Path(args.resume).is_dir():
-            config_path = RunDir(args.resume).config
-        cfg = load_config(config_path, args.overrides)
+        if args.config is None and args.resume is not None and Path(args.resume).is_dir():
+            cfg = load_run_config(RunDir(args.resume).config, args.overrides)  # as the run saved it
+        else:
+            cfg = load_config(args.config, args.overrides)
         if args.init is not None:
             cfg.train.init = args.init
         run_dir = train(cfg, resume=args.resume)

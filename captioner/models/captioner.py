@@ -17,7 +17,7 @@ from torch import nn
 
 from captioner.decoding.options import DecodeOptions
 from captioner.models.attention import check_read
-from captioner.models.decoders import CaptionDecoder, DecoderOutput
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
 from captioner.models.encoder import Encoder
 
 

@@ -41,6 +41,7 @@ import torch
 
 from captioner.atomic import fsync_directory, temp_name
 from captioner.store.rundir import RunDir
+from captioner.store.saved_config import upgrade_saved_config
 
 FORMAT_VERSION = 2  # 2: the payload's SHA-256 is stored under DIGEST_KEY and checked on load
 DIGEST_KEY = "payload_sha256"
@@ -389,6 +390,11 @@ def _words_of(vocab: Any, which: str) -> list[str]:
 # ------------------------------------------------------------------- averaging
 
 
+def _model_section(payload: dict) -> Any:
+    """A checkpoint's saved model section in the current format (two versions' snapshots compare equal)."""
+    return upgrade_saved_config(payload["config"]).get("model")
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     """The mean of several checkpoints' weights (checkpoint averaging: e.g. the last k epochs of one run, which
     ``train.keep_epochs`` keeps), as a weights-only checkpoint payload with the last file's config, vocabulary
@@ -414,7 +420,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
             check_vocab(payload["vocab"], first["vocab"])
         except CheckpointError as err:
             raise CheckpointError(f"{path} cannot be averaged with {first_path}: {err}") from None
-        if payload["config"].get("model") != first["config"].get("model"):
+        if _model_section(payload) != _model_section(first):
             raise CheckpointError(f"{path} cannot be averaged with {first_path}: their model sections differ")
         for key, value in payload["model"].items():
             if value.is_floating_point():

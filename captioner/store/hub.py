@@ -37,9 +37,10 @@ import yaml
 from torch import nn
 
 from captioner.atomic import atomic_path, write_text_atomic
-from captioner.config import Config, config_from_dict, config_to_dict
+from captioner.config import Config, config_to_dict
 from captioner.data.vocab import Vocab
 from captioner.store.checkpoint import check_state_dict
+from captioner.store.saved_config import read_saved_config
 from captioner.version import __version__
 
 FORMAT = "captioner-model"
@@ -275,7 +276,7 @@ def read_model_folder(directory: str | Path) -> tuple[Config, Vocab, dict[str, t
     meta = read_model_config(directory)
     tensors = _load_weights(directory, meta)
     try:
-        cfg = config_from_dict(meta["config"])
+        cfg = read_saved_config(meta["config"])
         vocab = Vocab.from_dict(meta["vocab"])
     except (ValueError, TypeError, KeyError) as err:
         raise ModelFolderError(f"{directory / CONFIG_FILE}: invalid config or vocabulary ({err})") from None

@@ -17,8 +17,9 @@ from typing import Any
 
 from torch import nn
 
-from captioner.config import Config, ConfigError, config_from_dict, config_to_dict
+from captioner.config import Config, ConfigError, config_to_dict
 from captioner.store.rundir import RunDir
+from captioner.store.saved_config import read_saved_config
 from captioner.training.distributed import TrainingError
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,11 @@ def _without(section: dict, path: tuple[str, ...]) -> dict:
 def require_same_sections(saved_config: dict, cfg: Config, what: str, advice: str,
                            may_differ: tuple[tuple[str, ...], ...] = ()) -> list[str]:
     """The data and model sections (what weights and vocabulary depend on) must equal the checkpoint's
-    (read as a config first, so a key stored under its old name compares under its new one), except at
-    the ``may_differ`` paths (section, key, ...). Returns those that differ, as "model.attention.kind:
-    'soft' -> 'hard'"."""
+    (read as a config first, so what an earlier version saved compares in today's format:
+    store/saved_config.py), except at the ``may_differ`` paths (section, key, ...). Returns those that
+    differ, as "model.attention.attention: 'soft' -> 'hard'"."""
     try:
-        saved_config = config_to_dict(config_from_dict(saved_config))
+        saved_config = config_to_dict(read_saved_config(saved_config))
     except ConfigError:
         pass  # compared as stored: it differs, and the message says which section
     ours = config_to_dict(cfg)

@@ -1,52 +1,42 @@
 """Caption decoders: the contract every decoder meets, and the registered families.
 
-    contract.py               CaptionDecoder (what search, SCST, the losses and the overlays use), DecoderOutput,
-                              SampleOutput, caption_mask, SampleDraws
-    show_attend_tell.py       ShowAttendTellDecoder: Xu et al. 2015's LSTM decoder, Eq. (1)-(7), plain PyTorch (the
-                              reference)
-    show_attend_tell_fast.py  FastShowAttendTellDecoder: its fast path (same state_dict), what "lstm" builds
-    inference_cache.py        weights restacked for decoding steps, invalidated by weight changes and optimizer steps
-    transformer.py            TransformerDecoder: masked self-attention over words, cross-attention over the grid
+    contract.py                  CaptionDecoder (what search, SCST, the losses and the overlays use), DecoderOutput,
+                                 SampleOutput, caption_mask, SampleDraws
+    family.py                    DecoderFamilyConfig: what a family's config is (torch-free)
+    show_attend_tell.py          ShowAttendTellDecoder: Xu et al. 2015's LSTM decoder, Eq. (1)-(7), plain PyTorch
+                                 (the reference)
+    show_attend_tell_fast.py     FastShowAttendTellDecoder: its fast path (same state_dict), what "lstm" builds
+    show_attend_tell_config.py   ShowAttendTellConfig: model.decoder for kind lstm (torch-free)
+    inference_cache.py           weights restacked for decoding steps, invalidated by weight changes and optimizer
+                                 steps
+    transformer.py               TransformerDecoder: masked self-attention over words, cross-attention over the grid
+    transformer_config.py        TransformerConfig: model.decoder for kind transformer (torch-free)
+    registry.py                  DECODERS and REFERENCES (kind -> class), build_decoder
 
-``DECODERS`` maps ``model.decoder.kind`` to the class ``api.build_model`` builds; ``REFERENCES`` to the plain
-implementation each is checked against (the reference switch, captioner/fast_paths.py, makes the fast ones run it).
+This package's own module is torch-free: ``DECODER_CONFIGS`` maps ``model.decoder.kind`` to the family's config
+dataclass, which ``captioner/config.py`` reads without importing torch or the models. ``registry.DECODERS`` maps
+the same kinds to the classes ``api.build_model`` builds, each naming its dataclass as ``config_class`` (a test
+holds the two registries equal). Adding a family: its class, its config module, and an entry in each.
 """
 from __future__ import annotations
 
-import inspect
+from captioner.models.decoders.family import DecoderFamilyConfig
+from captioner.models.decoders.show_attend_tell_config import ShowAttendTellConfig
+from captioner.models.decoders.transformer_config import TransformerConfig
 
-from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, SampleDraws, SampleOutput, caption_mask
-from captioner.models.decoders.show_attend_tell import GATES, ShowAttendTellDecoder
-from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder, ProjectedState
-from captioner.models.decoders.transformer import TransformerDecoder
-
-DECODERS: dict[str, type[CaptionDecoder]] = {
-    "lstm": FastShowAttendTellDecoder,
-    "transformer": TransformerDecoder,
+DECODER_CONFIGS: dict[str, type[DecoderFamilyConfig]] = {
+    "lstm": ShowAttendTellConfig,
+    "transformer": TransformerConfig,
 }
-REFERENCES: dict[str, type[CaptionDecoder]] = {
-    "lstm": ShowAttendTellDecoder,
-    "transformer": TransformerDecoder,  # plain PyTorch already
-}
+DEFAULT_DECODER = "lstm"
 
 
-def _check_kind(kind: str) -> None:
-    if kind not in DECODERS:
-        raise ValueError(f"unknown decoder {kind!r}; valid decoders: {', '.join(DECODERS)}")
+def family_config(kind: str) -> type[DecoderFamilyConfig]:
+    """The config dataclass of decoder ``kind`` (ValueError naming the valid kinds)."""
+    if kind not in DECODER_CONFIGS:
+        raise ValueError(f"model.decoder.kind: {kind!r} is not one of {', '.join(DECODER_CONFIGS)}")
+    return DECODER_CONFIGS[kind]
 
 
-def decoder_arguments(kind: str) -> tuple[str, ...]:
-    """The constructor arguments of decoder ``kind`` (config field names equal them: api.build_model)."""
-    _check_kind(kind)
-    return tuple(inspect.signature(DECODERS[kind]).parameters)
-
-
-def build_decoder(kind: str, **kwargs) -> CaptionDecoder:
-    """The decoder ``kind`` (a key of DECODERS) built with ``kwargs``."""
-    _check_kind(kind)
-    return DECODERS[kind](**kwargs)
-
-
-__all__ = ["CaptionDecoder", "DECODERS", "DecoderOutput", "FastShowAttendTellDecoder", "GATES", "ProjectedState",
-           "REFERENCES", "SampleDraws", "SampleOutput", "ShowAttendTellDecoder", "TransformerDecoder",
-           "build_decoder", "caption_mask", "decoder_arguments"]
+__all__ = ["DECODER_CONFIGS", "DEFAULT_DECODER", "DecoderFamilyConfig", "ShowAttendTellConfig", "TransformerConfig",
+           "family_config"]

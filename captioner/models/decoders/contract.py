@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -196,11 +196,13 @@ class SampleDraws:
 
 class CaptionDecoder(nn.Module, ABC):
     """The decoder contract (module docstring). Subclasses set ``vocab_size``, ``pad_id`` and ``attention_kind``
-    and implement ``forward``, ``init_state`` and ``next_logits``."""
+    and implement ``forward``, ``init_state`` and ``next_logits``; a registered family's class names its
+    ``model.decoder`` dataclass as ``config_class`` (family.py)."""
 
     vocab_size: int
     pad_id: int
     attention_kind: str
+    config_class: ClassVar[type]
 
     @property
     def stochastic(self) -> bool:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask, shared_dropout
-from captioner.names import GATES  # named below the config, which checks model.decoder.gate
+from captioner.models.decoders.show_attend_tell_config import GATES, ShowAttendTellConfig
 
 
 class ShowAttendTellDecoder(CaptionDecoder):
@@ -41,13 +41,15 @@ class ShowAttendTellDecoder(CaptionDecoder):
         pad_id: id of <pad> (its embedding stays zero).
     """
 
+    config_class = ShowAttendTellConfig  # model.decoder for kind lstm (registry.py)
+
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
                  attention: str = "soft", heads: int = 1, gate: str = "scalar",
                  dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0) -> None:
         super().__init__()
         if gate not in GATES:
-            raise ValueError(f"unknown gate {gate!r}; valid gates: {', '.join(GATES)}")
+            raise ValueError(f"model.decoder.gate: {gate!r} is not one of {', '.join(GATES)}")
         self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.attention_kind = attention

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, MultiHeadAttention
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask
+from captioner.models.decoders.transformer_config import TransformerConfig, check_overlay_layer, check_width
 
 Memory = tuple[Tensor, Tensor]  # MultiHeadAttention's (values, prepared keys), each (rows, M, positions, d/M)
 
@@ -92,15 +93,14 @@ class TransformerDecoder(CaptionDecoder):
         pad_id: id of <pad> (its embedding stays zero).
     """
 
+    config_class = TransformerConfig  # model.decoder for kind transformer (registry.py)
+
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512, hidden_dim: int = 2048,
                  layers: int = 3, heads: int = 8, dropout: float = 0.1, feature_dropout: float = 0.0,
                  overlay_layer: int = -1, pad_id: int = 0) -> None:
         super().__init__()
-        if embed_dim % heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by heads {heads}")
-        if not -layers <= overlay_layer < layers:
-            raise ValueError(f"overlay_layer {overlay_layer} is not a layer of {layers} "
-                             f"(0..{layers - 1}, or -1 the last)")
+        check_width(embed_dim, heads)
+        check_overlay_layer(overlay_layer, layers)
         self.vocab_size, self.pad_id = vocab_size, pad_id
         self.attention_kind = "multi_head"
         self.overlay_layer = overlay_layer % layers

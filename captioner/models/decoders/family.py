@@ -1,0 +1,46 @@
+"""What a decoder family's config is: the ``model.decoder`` section, one dataclass per family (torch-free).
+
+Each family (a key of ``DECODER_CONFIGS`` in this package's ``__init__``) owns a dataclass derived from
+``DecoderFamilyConfig``, in a torch-free module beside its class (``show_attend_tell_config.py``,
+``transformer_config.py``); the class names it as ``config_class`` (``registry.py``). The dataclass holds the
+family's fields (their names are its constructor's arguments) and says which ``model.attention`` keys it also
+reads (``ATTENTION_KEYS``), which values it accepts (``CHOICES``, ``POSITIVE``, ``UNIT_INTERVAL``, checked by
+``config.validate`` with the config's own tables, and ``check`` for the rest) and what it passes its class
+(``arguments``).
+``captioner/config.py`` picks the dataclass by ``model.decoder.kind`` when it reads a config, so a key another
+family owns is an unknown key, named with the keys this family has.
+
+Errors are ValueErrors whose message starts with the key path (``model.decoder.layers: ...``); the config wraps
+them as ConfigErrors, and the classes raise the same ones when built from Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass
+class DecoderFamilyConfig:
+    """The ``model.decoder`` section of one decoder family. Subclasses set ``kind``'s default to their key,
+    their fields, and the class-level tables below; ``check`` adds what the tables cannot say."""
+
+    kind: str = ""
+    # the model.attention keys this family's constructor also takes (config.unread_keys refuses the others)
+    ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ()
+    # the allowed values and ranges of its fields, which config.validate checks with the config's own tables
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # field -> allowed values
+    POSITIVE: ClassVar[tuple[str, ...]] = ()  # fields that must be > 0
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()  # fields in [0, 1]
+
+    def check(self, attention: Any) -> None:
+        """ValueError, naming the key path, for a combination this family cannot build that the tables above
+        cannot say (``attention``: the model.attention section, for the keys it reads). Called by
+        config.validate after the tables' checks."""
+
+    def arguments(self, attention: Any) -> dict[str, Any]:
+        """The constructor arguments this section and ``attention`` give (the sizes the vocabulary and the
+        encoder fix, vocab_size, feature_dim and pad_id, are the builder's)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kind"}
+        return {**{key: getattr(attention, key) for key in self.ATTENTION_KEYS}, **own}

@@ -1,0 +1,35 @@
+"""``model.decoder`` for ``kind: lstm``: the config of Show-Attend-Tell's LSTM decoder (show_attend_tell.py and
+its fast path), torch-free so that the config reads it without the models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from captioner.models.decoders.family import DecoderFamilyConfig
+
+# The beta gate of Sec. 4.2.1: one scalar per step (the paper), one per context channel, or none
+GATES = ("scalar", "vector", "none")
+
+
+@dataclass
+class ShowAttendTellConfig(DecoderFamilyConfig):
+    """Xu et al. 2015's attention LSTM decoder. It reads all of ``model.attention``: the scorer, the attention
+    (soft, hard, key_value, multi_head), its heads and attention_dim."""
+
+    kind: str = "lstm"
+    embed_dim: int = 512  # the word embedding E, also the deep output's size (Eq. 7)
+    hidden_dim: int = 512  # the LSTM's size
+    gate: str = "scalar"  # scalar (the paper's beta_t) | vector (per channel) | none
+    dropout: float = 0.5  # on the deep output before L_o
+    feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
+
+    ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ("attention_dim", "scorer", "attention", "heads")
+    POSITIVE: ClassVar[tuple[str, ...]] = ("embed_dim", "hidden_dim")
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"gate": GATES}
+
+    def check(self, attention: Any) -> None:
+        if attention.attention == "multi_head" and attention.attention_dim % attention.heads:
+            raise ValueError(f"model.attention.attention_dim ({attention.attention_dim}) must be divisible by "
+                             f"model.attention.heads ({attention.heads}) for multi-head attention")

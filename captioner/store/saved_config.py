@@ -1,0 +1,70 @@
+"""Configs this project wrote to disk (beside a checkpoint, in a model folder's config.json, as a run's
+config.yaml), read back in the current format whatever version wrote them.
+
+Files a person writes and ``--set`` overrides use the current keys only (captioner/config.py). What earlier
+versions saved differs in two ways, both upgraded here and nowhere else:
+
+- ``model.attention.kind`` is today's ``model.attention.attention`` (saved before the field took its
+  constructor argument's name);
+- ``model.decoder`` held the keys of every decoder family in one section, each family's unread ones at their
+  defaults. A key another family owns, at that family's default, is dropped; any other value is kept, and the
+  config refuses it as the unknown key it is, naming the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data
+from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER
+
+
+def upgrade_saved_config(data: Any) -> Any:
+    """``data`` (a saved config as a nested dict) in the current format; anything else is returned as it is
+    (the config's reader says what is wrong with it). The input is not changed."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return data
+    data = copy.deepcopy(data)
+    attention = data["model"].get("attention")
+    if isinstance(attention, dict) and "kind" in attention:
+        if "attention" in attention:
+            raise ConfigError("model.attention: both 'kind' and 'attention' given ('kind' is the old name of "
+                              "'attention'); keep only 'attention'")
+        attention["attention"] = attention.pop("kind")
+    decoder = data["model"].get("decoder")
+    if isinstance(decoder, dict) and decoder.get("kind", DEFAULT_DECODER) in DECODER_CONFIGS:
+        own = {f.name for f in dataclasses.fields(DECODER_CONFIGS[decoder.get("kind", DEFAULT_DECODER)])}
+        for key in [k for k in decoder if k not in own]:
+            if any(decoder[key] == default for default in _defaults_elsewhere(key)):
+                del decoder[key]
+    return data
+
+
+def _defaults_elsewhere(key: str) -> list[Any]:
+    """The defaults the decoder families that have ``key`` give it."""
+    return [f.default for family in DECODER_CONFIGS.values() for f in dataclasses.fields(family) if f.name == key]
+
+
+def read_saved_config(data: Any, source: str | Path | None = None) -> Config:
+    """A saved config (``data``, as a nested dict) as a validated Config; a ConfigError names ``source`` when
+    given."""
+    try:
+        return config_from_dict(upgrade_saved_config(data))
+    except ConfigError as err:
+        raise ConfigError(f"{source}: the stored config is invalid: {err}" if source is not None else str(err)
+                          ) from None
+
+
+def load_run_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A run folder's config.yaml (``train --resume``) with ``overrides`` applied, checked as ``load_config``
+    checks a config file."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot read the run's config ({err})") from None
+    return config_from_file_data(upgrade_saved_config(data), overrides, source=path)

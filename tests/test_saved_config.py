@@ -1,0 +1,85 @@
+"""Configs an earlier version saved (checkpoints, model folders, a run's config.yaml) read in today's format
+(store/saved_config.py): model.attention.kind is model.attention.attention, and the one model.decoder section
+that held every decoder family's keys becomes the family's own. A person's files and --set use today's keys
+only (tests/test_config.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from captioner.config import ConfigError, config_to_dict, load_config
+from captioner.store.checkpoint import average_checkpoints, save_checkpoint
+from captioner.store.saved_config import load_run_config, read_saved_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "captioner" / "pretrained"
+
+# model.attention and model.decoder as every run saved them before the decoder families owned their sections
+UNION_DECODER = {"embed_dim": 512, "hidden_dim": 512, "gate": "scalar", "dropout": 0.5, "feature_dropout": 0.0,
+                 "layers": 2, "overlay_layer": -1}
+
+
+def _old(kind: str = "lstm", attention: str = "hard", **decoder) -> dict:
+    saved = config_to_dict(load_config("smoke"))
+    saved["model"]["attention"] = {"scorer": "additive", "kind": attention, "heads": 1, "attention_dim": 512}
+    saved["model"]["decoder"] = {"kind": kind, **UNION_DECODER, **decoder}
+    return saved
+
+
+def test_an_old_lstm_config_reads_as_the_lstm_family_and_is_left_unchanged():
+    old = _old()
+    before = json.dumps(old, sort_keys=True)
+    cfg = read_saved_config(old, "old.pt")
+    assert cfg.model.attention.attention == "hard"
+    assert config_to_dict(cfg)["model"]["decoder"] == {"kind": "lstm", "embed_dim": 512, "hidden_dim": 512,
+                                                       "gate": "scalar", "dropout": 0.5, "feature_dropout": 0.0}
+    assert json.dumps(old, sort_keys=True) == before  # the payload itself is not changed
+
+
+def test_an_old_transformer_config_drops_the_lstm_keys():
+    cfg = read_saved_config(_old("transformer", attention="soft", layers=3, overlay_layer=0))
+    section = config_to_dict(cfg)["model"]["decoder"]
+    assert "gate" not in section and section["layers"] == 3 and section["overlay_layer"] == 0
+
+
+def test_another_familys_key_at_a_value_it_never_had_there_is_refused_naming_the_file():
+    with pytest.raises(ConfigError, match=r"old.pt: the stored config is invalid: unknown config key "
+                                          r"'model.decoder.layers' \(valid keys at model.decoder for kind lstm"):
+        read_saved_config(_old(layers=3), "old.pt")
+    both = _old()
+    both["model"]["attention"]["attention"] = "soft"
+    with pytest.raises(ConfigError, match="both 'kind' and 'attention' given"):
+        read_saved_config(both, "old.pt")
+
+
+@pytest.mark.parametrize("name", ["flickr8k_soft", "flickr8k_hard"])
+def test_the_shipped_models_config_json_is_old_shaped_and_reads(name):
+    """The shipped folders were written with the union section: the upgrade is what reads them."""
+    meta = json.loads((SHIPPED / name / "config.json").read_text())
+    assert "layers" in meta["config"]["model"]["decoder"]  # an lstm model saved with the transformer's keys
+    cfg = read_saved_config(meta["config"])
+    assert cfg.model.decoder.kind == "lstm" and not hasattr(cfg.model.decoder, "layers")
+    assert cfg.model.attention.attention == name.split("_")[1]
+
+
+def test_an_old_runs_config_yaml_resumes_with_overrides(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(_old()))
+    cfg = load_run_config(path, ["train.epochs=7"])
+    assert cfg.train.epochs == 7 and cfg.model.attention.attention == "hard"
+    with pytest.raises(ConfigError, match="unknown config key 'train.nope'"):
+        load_run_config(path, ["train.nope=1"])
+
+
+def test_snapshots_saved_by_two_versions_of_one_run_average(tmp_path):
+    new = config_to_dict(read_saved_config(_old()))
+    for name, config in (("old.pt", _old()), ("new.pt", new)):
+        save_checkpoint(tmp_path / name, {"model": {"w": torch.ones(2)}, "config": config,
+                                          "vocab": {"words": ["<pad>", "<start>", "<end>", "<unk>"]}})
+    out = average_checkpoints([tmp_path / "old.pt", tmp_path / "new.pt"])
+    torch.testing.assert_close(out["model"]["w"], torch.ones(2))
