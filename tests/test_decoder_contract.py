@@ -177,3 +177,10 @@ def test_transformer_overlay_layer_and_cache():
             assert all(v.shape[2] == t + 1 for v, _ in words)  # one cached position per word
     with pytest.raises(ValueError, match=r"overlay_layer: 2 is not a layer of model.decoder.layers \(2\)"):
         tiny("transformer", overlay_layer=2)
+
+
+def test_a_section_of_another_family_is_refused():
+    section = family_config("lstm")(embed_dim=16, hidden_dim=24)
+    section.kind = "transformer"
+    with pytest.raises(ValueError, match="the section is a ShowAttendTellConfig, not the TransformerConfig"):
+        build_decoder(section, AttentionConfig(heads=2), vocab_size=V, feature_dim=D)

@@ -28,5 +28,8 @@ def build_decoder(config: DecoderFamilyConfig, attention: Any, *, vocab_size: in
     """The decoder of ``config.kind`` built from its section (``config``: the family's dataclass) and the
     ``model.attention`` keys it reads (``attention``), at the vocabulary's and the encoder's sizes."""
     family_config(config.kind)  # an unknown kind names the valid ones
-    return DECODERS[config.kind](vocab_size=vocab_size, feature_dim=feature_dim, pad_id=pad_id,
-                                 **config.arguments(attention))
+    cls = DECODERS[config.kind]
+    if not isinstance(config, cls.config_class):
+        raise ValueError(f"model.decoder.kind is {config.kind!r}, but the section is a {type(config).__name__}, "
+                         f"not the {cls.config_class.__name__} that {cls.__name__} reads")
+    return cls(vocab_size=vocab_size, feature_dim=feature_dim, pad_id=pad_id, **config.arguments(attention))
