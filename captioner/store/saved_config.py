@@ -25,20 +25,19 @@ from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER
 
 
 def upgrade_saved_config(data: Any) -> Any:
-    """``data`` (a saved config as a nested dict) in the current format; anything else is returned as it is
-    (the config's reader says what is wrong with it). The input is not changed."""
+    """``data`` (a saved config as a nested dict) in the current format. It never raises: what it cannot
+    upgrade (not a mapping, an unknown kind, both ``kind`` and ``attention``) is left as it is, for the config's
+    reader to refuse by name. The input is not changed."""
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         return data
     data = copy.deepcopy(data)
     attention = data["model"].get("attention")
-    if isinstance(attention, dict) and "kind" in attention:
-        if "attention" in attention:
-            raise ConfigError("model.attention: both 'kind' and 'attention' given ('kind' is the old name of "
-                              "'attention'); keep only 'attention'")
+    if isinstance(attention, dict) and "kind" in attention and "attention" not in attention:
         attention["attention"] = attention.pop("kind")
     decoder = data["model"].get("decoder")
-    if isinstance(decoder, dict) and decoder.get("kind", DEFAULT_DECODER) in DECODER_CONFIGS:
-        own = {f.name for f in dataclasses.fields(DECODER_CONFIGS[decoder.get("kind", DEFAULT_DECODER)])}
+    kind = decoder.get("kind", DEFAULT_DECODER) if isinstance(decoder, dict) else None
+    if isinstance(kind, str) and kind in DECODER_CONFIGS:
+        own = {f.name for f in dataclasses.fields(DECODER_CONFIGS[kind])}
         for key in [k for k in decoder if k not in own]:
             if any(decoder[key] == default for default in _defaults_elsewhere(key)):
                 del decoder[key]
