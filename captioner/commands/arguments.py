@@ -8,7 +8,9 @@ that drops images. Every command's numeric options use these.
 
 ``add_decode_flags`` gives a command the decoding flags, each defaulting to None: "not given", so
 ``decode_options`` takes the model's config (``model.decode_options``, its eval section) for every flag left
-out, in the same way for the three commands.
+out, in the same way for the three commands. <unk> is the one setting whose default is the command's: captions
+for people (caption, serve) never contain it unless ``--allow-unk``; evaluate keeps it unless ``--forbid-unk``
+(its scores then match training's).
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def float_at_least(low: float) -> Callable[[str], float]:
     return parse
 
 
-def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> None:
+def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, forbid_unk: bool = True) -> None:
     """--beam, --n-best (when ``n_best``), --attention-mode, --max-length, --length-penalty and
-    --block-trigrams / --no-block-trigrams: every one unset (None) unless given."""
+    --block-trigrams / --no-block-trigrams: every one unset (None) unless given; and the <unk> flag that turns
+    this command's default (``forbid_unk``) around: --allow-unk where <unk> is forbidden, else --forbid-unk."""
     parser.add_argument("--beam", type=int_at_least(1), default=None,
                         help="beam width, 1 = greedy (default: the model's eval.beam_size)")
     if n_best:
@@ -72,6 +75,13 @@ def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True) -> No
                         help="beam ranking: score / length ** P (default: the model's eval.length_penalty)")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
                         help="never let a caption repeat a trigram (default: the model's eval.block_trigrams)")
+    if forbid_unk:
+        parser.add_argument("--allow-unk", dest="forbid_unk", action="store_false", default=True,
+                            help="let captions contain <unk> (by default the search never chooses it)")
+    else:
+        parser.add_argument("--forbid-unk", action="store_true",
+                            help="never choose <unk> while decoding (as `captioner caption` does); reported in "
+                                 "the output")
 
 
 def add_scoring_flags(parser: argparse.ArgumentParser) -> None:
@@ -87,15 +97,14 @@ def _model_options(model: Any, **settings: Any) -> DecodeOptions:
 
 
 def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Any,
-                   build: Callable[..., DecodeOptions] = _model_options, **command_defaults: Any) -> DecodeOptions:
+                   build: Callable[..., DecodeOptions] = _model_options) -> DecodeOptions:
     """``build(model, **settings)`` (default: the model's DecodeOptions with ``settings``; the page's:
-    serving.server.page_options) with ``command_defaults`` (what this command does differently, e.g. forbid
-    <unk> in captions for people) and every decoding flag given; a bad combination (--n-best above --beam)
-    exits through ``parser.error`` naming the flags."""
+    serving.server.page_options) with every decoding flag of ``add_decode_flags`` given and the command's <unk>
+    setting; a bad combination (--n-best above --beam) exits through ``parser.error`` naming the flags."""
     flags = {"beam": args.beam, "n_best": getattr(args, "n_best", None), "attention_mode": args.attention_mode,
              "max_length": args.max_length, "length_penalty": args.length_penalty,
-             "block_trigrams": args.block_trigrams}
+             "block_trigrams": args.block_trigrams, "forbid_unk": args.forbid_unk}
     try:
-        return build(model, **command_defaults, **{k: v for k, v in flags.items() if v is not None})
+        return build(model, **{k: v for k, v in flags.items() if v is not None})
     except DecodeOptionError as err:
         parser.error(f"argument --{err.setting.replace('_', '-')}: {err.detail}")

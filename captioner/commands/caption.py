@@ -54,9 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="with several models, the attention the overlays and --json results show: the "
                              "first model's or the mean of all (default: first)")
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
-    parser.add_argument("--allow-unk", action="store_true",
-                        help="let captions contain <unk> (by default the search never chooses it)")
-    add_decode_flags(parser)  # --beam, --n-best (captions printed per image), --attention-mode, ...
+    add_decode_flags(parser)  # --beam, --n-best (captions printed per image), --attention-mode, ..., --allow-unk
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
     parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
     parser.add_argument("--batch-size", type=int_at_least(1), default=16)
@@ -92,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = _load(args)
     if model is None:
         return 2
-    options = decode_options(parser, args, model, forbid_unk=not args.allow_unk)
+    options = decode_options(parser, args, model)
 
     paths, failures = expand_image_paths(args.images)
     results: list[dict] = []

@@ -29,11 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ensemble-attention", choices=ENSEMBLE_ATTENTIONS, default=None,
                         help="with several checkpoints, the attention the grounding and attention figures read: "
                              "the first model's or the mean of all (default: first)")
-    parser.add_argument("--forbid-unk", action="store_true",
-                        help="never choose <unk> while decoding (as `captioner caption` does); reported in the output")
     parser.add_argument("--split", default=None, choices=SPLITS,
                         help="default: the checkpoint's eval.split")
-    add_decode_flags(parser, n_best=False)  # --beam, --attention-mode, --max-length, ...
+    add_decode_flags(parser, n_best=False, forbid_unk=False)  # --beam, --attention-mode, ..., --forbid-unk
     add_scoring_flags(parser)  # --tokenizer, --no-meteor
     parser.add_argument("--max-images", type=int_at_least(0), default=0,
                         help="score only the first N images (0 = all)")
@@ -77,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_root:
         cfg.data.root = args.data_root
     split = args.split or cfg.eval.split
-    options = decode_options(parser, args, model, forbid_unk=args.forbid_unk)
+    options = decode_options(parser, args, model)
     records = load_records(cfg.data, split)
     if args.max_images:
         records = records[: args.max_images]

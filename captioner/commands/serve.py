@@ -23,9 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                              "model name (default: the shipped Flickr8k model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int_at_least(1, 65535), default=7860)
-    add_decode_flags(parser, n_best=False)  # the page lists every beam; argmax and sample show each word's cell
-    parser.add_argument("--allow-unk", action="store_true",
-                        help="let captions contain <unk> (by default the search never chooses it)")
+    # the page lists every beam; argmax and sample show each word's cell; --allow-unk
+    add_decode_flags(parser, n_best=False)
     parser.add_argument("--device", default="cpu")
     limits = parser.add_argument_group("limits (docs/robustness.md)")
     limits.add_argument("--max-upload-mb", type=int_at_least(1), default=MAX_UPLOAD_BYTES // 2**20,
@@ -77,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
     token = _token(args.token)
     hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
-    options = decode_options(parser, args, model, build=page_options, forbid_unk=not args.allow_unk)
+    options = decode_options(parser, args, model, build=page_options)
     app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20,
                      max_pixels=args.max_pixels, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                      allowed_hosts=hosts, token=token)
