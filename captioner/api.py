@@ -50,15 +50,22 @@ class CaptionsInWords:
     (``ImageCaptionerEnsemble``): ``words`` and ``caption``. Needs ``self.vocab`` and a Captioner's decoding
     (``transform``, ``encode``, ``decode_options``, ``generate``, ``grid_hw``, ``device``)."""
 
+    @property
+    def caption_options(self) -> DecodeOptions:
+        """How a caption for people is decoded when nothing says otherwise: the model's options (its config's
+        eval section) with <unk> forbidden. ``caption`` and the demo page (serving.server.page_options) start
+        from these."""
+        return self.decode_options.replace_given(forbid_unk=True)
+
     def words(self, hyp: Any) -> list[str]:
         """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
         return self.vocab.decode(hyp.tokens, keep_unk=True)
 
     @torch.no_grad()
     def caption(self, images: Sequence[Any], options: DecodeOptions | None = None, **settings: Any) -> list[dict]:
-        """Caption PIL images or image paths, decoded with ``options`` (default: the model's, from its config's
-        eval section, with <unk> forbidden: captions here are for people) and then ``settings``, any
-        DecodeOptions field given by name (``caption(images, beam=5, n_best=3)``).
+        """Caption PIL images or image paths, decoded with ``options`` (default: ``caption_options``, the
+        model's with <unk> forbidden: captions here are for people) and then ``settings``, any DecodeOptions
+        field given by name (``caption(images, beam=5, n_best=3)``).
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
         ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
@@ -67,7 +74,7 @@ class CaptionsInWords:
         """
         from captioner.data.images import load_image
 
-        base = options if options is not None else self.decode_options.replace_given(forbid_unk=True)
+        base = options if options is not None else self.caption_options
         options = base.replace_given(**settings)  # generate checks them against the model
         pil = [load_image(im) if isinstance(im, (str, Path)) else im for im in images]
         if not pil:

@@ -146,10 +146,10 @@ def caption_image(model: Any, image: Any, options: DecodeOptions | None = None) 
 
 
 def page_options(model: Any, **settings: Any) -> DecodeOptions:
-    """The page's decoding: the model's (its config's eval section) with <unk> forbidden, as in every caption for
-    people, then ``settings`` (DecodeOptions fields by name); every hypothesis of the beam is listed unless
+    """The page's decoding: ``model.caption_options`` (the model's config's, <unk> forbidden, as in every caption
+    for people), then ``settings`` (DecodeOptions fields by name); every hypothesis of the beam is listed unless
     ``n_best`` is given."""
-    options = model.decode_options.replace_given(forbid_unk=True).replace_given(**settings)
+    options = model.caption_options.replace_given(**settings)
     return options if "n_best" in settings else options.replace_given(n_best=options.beam)
 
 
@@ -167,7 +167,7 @@ def create_app(
     """The FastAPI app of the demo page around a loaded captioner.
 
     Args:
-        model: a ``Captioner`` (``load_captioner(...)``), in eval mode.
+        model: what ``load_captioner(...)`` returns (its ``caption`` and ``caption_options``), in eval mode.
         options: how every upload is decoded (``page_options``: default the model's config, <unk> forbidden,
             every beam hypothesis listed).
         model_label: what the page says it is running (a checkpoint path, a shipped model's name).
