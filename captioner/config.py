@@ -27,7 +27,7 @@ import yaml
 
 # model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
 # (captioner/models/decoders/: its torch-free config modules, not the models)
-from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, DecoderFamilyConfig, family_config
+from captioner.models.decoders import DEFAULT_DECODER, DecoderFamilyConfig, family_config
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
@@ -108,7 +108,7 @@ class ModelConfig:
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    decoder: DecoderFamilyConfig = field(default_factory=DECODER_CONFIGS[DEFAULT_DECODER])
+    decoder: DecoderFamilyConfig = field(default_factory=family_config(DEFAULT_DECODER))
 
 
 @dataclass
@@ -251,9 +251,8 @@ def _section_class(cls: type, kind: Any) -> type:
         return cls
     try:
         return family_config(kind)
-    except (ValueError, TypeError) as err:  # TypeError: an unhashable kind
-        raise ConfigError(str(err) if isinstance(err, ValueError) else
-                          f"model.decoder.kind: {kind!r} is not one of {', '.join(DECODER_CONFIGS)}") from None
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _where(cls: type, prefix: str) -> str:
@@ -500,12 +499,13 @@ def _decoder_kind(data: dict) -> Any:
 def apply_override(data: dict, text: str) -> None:
     """Set one ``key.path=value`` override into a nested dict, checking the path exists (model.decoder's keys:
     those of the family the dict's model.decoder.kind names)."""
-    parts, value = parse_override(text, _decoder_kind(data))
+    kind = _decoder_kind(data)
+    parts, value = parse_override(text, kind)
     path = ".".join(parts)
-    typ = _field_type_at(parts, _decoder_kind(data))
+    typ = _field_type_at(parts, kind)
     if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
         raise ConfigError(f"{path} is a section; set one of its keys: "
-                          f"{', '.join(_field_types(_section_class(typ, _decoder_kind(data))))}")
+                          f"{', '.join(_field_types(_section_class(typ, kind)))}")
     node = data
     for i, part in enumerate(parts[:-1]):
         node = node.setdefault(part, {})

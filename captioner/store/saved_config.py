@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data
-from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER
+from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, family_config
 
 
 def upgrade_saved_config(data: Any) -> Any:
@@ -35,12 +35,15 @@ def upgrade_saved_config(data: Any) -> Any:
     if isinstance(attention, dict) and "kind" in attention and "attention" not in attention:
         attention["attention"] = attention.pop("kind")
     decoder = data["model"].get("decoder")
-    kind = decoder.get("kind", DEFAULT_DECODER) if isinstance(decoder, dict) else None
-    if isinstance(kind, str) and kind in DECODER_CONFIGS:
-        own = {f.name for f in dataclasses.fields(DECODER_CONFIGS[kind])}
-        for key in [k for k in decoder if k not in own]:
-            if any(decoder[key] == default for default in _defaults_elsewhere(key)):
-                del decoder[key]
+    if not isinstance(decoder, dict):
+        return data
+    try:
+        own = {f.name for f in dataclasses.fields(family_config(decoder.get("kind", DEFAULT_DECODER)))}
+    except ValueError:
+        return data
+    for key in [k for k in decoder if k not in own]:
+        if any(decoder[key] == default for default in _defaults_elsewhere(key)):
+            del decoder[key]
     return data
 
 

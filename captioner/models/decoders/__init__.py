@@ -20,6 +20,8 @@ holds the two registries equal). Adding a family: its class, its config module, 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from captioner.models.decoders.family import DecoderFamilyConfig
 from captioner.models.decoders.show_attend_tell_config import ShowAttendTellConfig
 from captioner.models.decoders.transformer_config import TransformerConfig
@@ -31,9 +33,9 @@ DECODER_CONFIGS: dict[str, type[DecoderFamilyConfig]] = {
 DEFAULT_DECODER = "lstm"
 
 
-def family_config(kind: str) -> type[DecoderFamilyConfig]:
-    """The config dataclass of decoder ``kind`` (ValueError naming the valid kinds)."""
-    if kind not in DECODER_CONFIGS:
+def family_config(kind: Any) -> type[DecoderFamilyConfig]:
+    """The config dataclass of decoder ``kind`` (ValueError naming the valid kinds, for any other value)."""
+    if not isinstance(kind, str) or kind not in DECODER_CONFIGS:
         raise ValueError(f"model.decoder.kind: {kind!r} is not one of {', '.join(DECODER_CONFIGS)}")
     return DECODER_CONFIGS[kind]
 
