@@ -8,7 +8,7 @@ rounding), as PyTorch's ``scaled_dot_product_attention`` keeps its math backend 
       deferred weight gradients, MKL-packed weights,            step by step (models/decoders/)
       projected values, the fused LSTM cell)
     AdditiveScorer's fused C kernel and chunked inference      the PyTorch ops (models/scorers.py)
-    search.Logits (best words read from raw logits, the        dense log-softmax, then top-k (search.py)
+    logits.Logits (best words read from raw logits, the        dense log-softmax, then top-k (decoding/logits.py)
       fused C read)
     losses.linear_token_nll / token_nll (fused output layer,   F.linear + F.cross_entropy (losses.py)
       one-pass backward)

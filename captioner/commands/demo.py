@@ -5,7 +5,7 @@ writes their per-word attention overlays (seconds, no training); then generates 
 EfficientNet-Lite0 grids into the feature cache, trains the soft-attention model within a time budget,
 evaluates it on the test split (caption metrics and attention grounding), captions a few test images and
 writes their attention overlays, then prints where everything is. A second run reuses the data, the cache
-and a finished training run. The steps are captioner/demo.py's, train.py's and evaluate.py's.
+and a finished training run. The steps are captioner/demo.py's, training/loop.py's and evaluation/split.py's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Caption data sets: readers for every on-disk format, and the torch Datasets train.py feeds on.
+"""Caption data sets: readers for every on-disk format, and the torch Datasets the training loop
+(training/loop.py) feeds on.
 
 Readers turn a data set's own files into ``ImageRecord``s (one per image, every caption
 tokenized): the Karpathy-split JSON used by Xu et al. 2015 (§5.1) for COCO, Flickr8k and

@@ -429,7 +429,7 @@ def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
     also gives ``locations`` (L). Both figures are None when there are no words."""
     maxima, entropies, L = [], [], None
     for a in alphas:
-        a = as_numpy(a).astype(np.float64)
+        a = as_numpy(a)  # float64
         if a.ndim != 2 or a.shape[0] == 0:
             continue
         L = a.shape[1]

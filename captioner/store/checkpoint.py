@@ -1,6 +1,6 @@
 """Checkpoint files: atomic save, safe load, version and compatibility checks.
 
-Owns the on-disk format of everything `train.py` writes and `load_captioner` reads.
+Owns the on-disk format of everything the training loop (`training/loop.py`) writes and `load_captioner` reads.
 A checkpoint is one `torch.save` file holding a plain dict:
 
     {"format_version": 2, "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,

@@ -16,7 +16,7 @@
       tensorboard/, wandb/     the loggers' own folders
       weights-rankR.sha256     distributed runs: each rank's weights hash (they must agree)
 
-A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``checkpoint_in``).
+A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``RunDir.checkpoint``).
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def validation_overlays(model: Any, records: Sequence[Any]) -> list[tuple[str, n
 
 
 class RunLogs:
-    """Every log a training run writes besides metrics.jsonl (TensorBoard, W&B), behind the verbs train.py
-    calls; the validation overlays are drawn once for all of them."""
+    """Every log a training run writes besides metrics.jsonl (TensorBoard, W&B), behind the verbs the training
+    loop (training/loop.py) calls; the validation overlays are drawn once for all of them."""
 
     def __init__(self, logs: Sequence[Any]) -> None:
         self.logs = list(logs)

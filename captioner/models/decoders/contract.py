@@ -4,9 +4,9 @@ A decoder reads an annotation grid (B, L, D) (Xu et al. 2015, §3.1.1) and predi
 the decoder talks to it through these members of ``CaptionDecoder`` and nothing else:
 
     forward(grid, captions, lengths, attention_mode, expectation_mask) -> DecoderOutput
-        teacher forcing, for the cross-entropy and attention losses (losses.py, train.py). The output layer's
-        inputs come packed, real steps only (``packed_features`` + ``rows``), and L_o's parameters beside them,
-        so the loss runs the output layer fused with the cross-entropy and never on padding.
+        teacher forcing, for the cross-entropy and attention losses (training/losses.py, training/loop.py). The
+        output layer's inputs come packed, real steps only (``packed_features`` + ``rows``), and L_o's parameters
+        beside them, so the loss runs the output layer fused with the cross-entropy and never on padding.
     init_state(grid) -> state;  expand_state(state, beams) -> state
         a state is a (nested) tuple of tensors whose dim 0 is the row; search only reorders and expands it
         (search.py). expand_state may keep per-image tensors at B rows while per-beam ones get B*K.
