@@ -422,11 +422,17 @@ class CocoInstanceRegions:
         return values
 
 
+# A word's softmax counts as saturated when its largest weight exceeds this: the scores' spread has grown so large
+# that the distribution is one-hot in all but name, and its gradient vanishes (Vaswani et al. 2017, Sec. 3.2.1)
+SATURATED_ALPHA = 0.99
+
+
 def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
     """How peaked attention is, over every generated word: ``alpha_max`` is the mean of max_i α_ti
-    (uniform attention gives 1/L) and ``alpha_entropy`` the mean of H(α_t) / log L (uniform gives 1,
-    one-hot 0), averaged over words. ``alphas`` yields one (n_words, L) array per caption; the result
-    also gives ``locations`` (L). Both figures are None when there are no words."""
+    (uniform attention gives 1/L), ``alpha_entropy`` the mean of H(α_t) / log L (uniform gives 1,
+    one-hot 0), and ``alpha_saturated`` the share of words whose max_i α_ti exceeds SATURATED_ALPHA, over words.
+    ``alphas`` yields one (n_words, L) array per caption; the result also gives ``locations`` (L). The figures
+    are None when there are no words."""
     maxima, entropies, L = [], [], None
     for a in alphas:
         a = as_numpy(a)  # float64
@@ -437,9 +443,10 @@ def attention_sharpness(alphas: Iterable[Any]) -> dict[str, float | None]:
         p = np.clip(a, 1e-12, 1.0)
         entropies.append(-(a * np.log(p)).sum(axis=1) / max(np.log(L), 1e-12))
     if not maxima:
-        return {"alpha_max": None, "alpha_entropy": None, "locations": L}
-    return {"alpha_max": float(np.concatenate(maxima).mean()),
-            "alpha_entropy": float(np.concatenate(entropies).mean()), "locations": L}
+        return {"alpha_max": None, "alpha_entropy": None, "alpha_saturated": None, "locations": L}
+    maxima = np.concatenate(maxima)
+    return {"alpha_max": float(maxima.mean()), "alpha_entropy": float(np.concatenate(entropies).mean()),
+            "alpha_saturated": float((maxima > SATURATED_ALPHA).mean()), "locations": L}
 
 
 def cells_of(alphas: Any, locations: Sequence[int] | None = None) -> np.ndarray:

@@ -65,6 +65,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     result.update({k: (None if v is None else float(v)) for k, v in scores.items()})
     sharp = attention_sharpness([alphas for _, alphas, _ in reads.values()])
     result.update({"alpha_max": sharp["alpha_max"], "alpha_entropy": sharp["alpha_entropy"],
+                   "alpha_saturated": sharp["alpha_saturated"],
                    **attention_movement([cells for _, _, cells in reads.values()]), **mirror,
                    "tokenizer": resolve_tokenizer("auto")})
     return result
