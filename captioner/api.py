@@ -32,6 +32,7 @@ from captioner.models.decoders.contract import CaptionDecoder
 from captioner.models.decoders.registry import build_decoder
 from captioner.models.encoder import Encoder, build_encoder
 from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
+from captioner.runtime import resolve_device
 from captioner.store import zoo
 from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
 from captioner.store.hub import (
@@ -133,7 +134,7 @@ class ImageCaptioner(CaptionsInWords, Captioner):
         return save_model_folder(self, directory, **card)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, device: str = "cpu") -> "ImageCaptioner":
+    def from_pretrained(cls, name_or_path: str | Path, device: Any = "auto") -> "ImageCaptioner":
         """``load_captioner``: a model folder, a hub id (owner/name), a shipped name or a checkpoint."""
         return load_captioner(name_or_path, device=device)
 
@@ -234,12 +235,13 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
                           decode_options=DecodeOptions.from_config(cfg))
 
 
-def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device: str = "cpu",
+def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device: Any = "auto",
                    ensemble_attention: str | None = None) -> ImageCaptioner | ImageCaptionerEnsemble:
     """Rebuild a captioner from ``path``, one of the sources ``load_model`` reads (nothing: the shipped model),
     or from a list or tuple of several: an ensemble of those models (``load_ensemble``, whose attention shown
     is ``ensemble_attention``, "first" by default; asking for it with one model is an error). A list of one
     is that model."""
+    device = resolve_device(device, "device")  # before minutes of loading: "cuda" without CUDA is refused here
     if isinstance(path, (list, tuple)):
         if len(path) > 1:
             return load_ensemble(path, device=device, attention=ensemble_attention or "first")
@@ -251,7 +253,7 @@ def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device
     return load_model(path, device=device)
 
 
-def load_ensemble(paths: Sequence[str | Path], device: str = "cpu", attention: str = "first"
+def load_ensemble(paths: Sequence[str | Path], device: Any = "auto", attention: str = "first"
                   ) -> ImageCaptionerEnsemble:
     """An ensemble of the models at ``paths`` (each anything ``load_model`` reads): they decode together,
     the mean of their word log-probabilities at each step (models/ensemble.py), their captions' attention the
@@ -267,7 +269,7 @@ def load_ensemble(paths: Sequence[str | Path], device: str = "cpu", attention: s
     return ensemble
 
 
-def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCaptioner:
+def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCaptioner:
     """Rebuild one captioner from
 
     - nothing, or a shipped model's name (``"flickr8k"``): the pretrained model shipped with the package
@@ -305,23 +307,23 @@ def load_model(path: str | Path | None = None, device: str = "cpu") -> ImageCapt
     check_state_dict(payload["model"], model.state_dict())
     model.load_state_dict(payload["model"])
     model.pretrained_backbone = pretrained_backbone  # its backbone weights are the installed ones (exports omit them)
-    model.to(device)
+    model.to(resolve_device(device, "device"))
     model.eval()
     return model
 
 
-def load_model_folder(directory: str | Path, device: str = "cpu") -> ImageCaptioner:
+def load_model_folder(directory: str | Path, device: Any = "auto") -> ImageCaptioner:
     """The captioner in a Hub-style model folder (captioner/store/hub.py), in float32, eval mode, on ``device``. The
     weights file must have the SHA-256 config.json records and the installed encoder the fingerprint it records."""
     cfg, vocab, tensors, meta = read_model_folder(directory)
     model = build_model(cfg, vocab)
     load_folder_weights(model, tensors, meta, directory)
-    model.to(device)
+    model.to(resolve_device(device, "device"))
     model.eval()
     return model
 
 
-def load_shipped(name: str | None = None, device: str = "cpu") -> ImageCaptioner:
+def load_shipped(name: str | None = None, device: Any = "auto") -> ImageCaptioner:
     """The shipped captioner ``name`` (default: ``zoo.DEFAULT_MODEL``), in fp32, eval mode, on ``device``."""
     folder = zoo.shipped_folder(name)
     model = load_model_folder(folder, device=device)

@@ -179,7 +179,12 @@ class TrainConfig:
     val_max_images: int = 0  # 0 = the whole validation split
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "none"  # none | bf16 | fp16 (CUDA only)
+    amp: str = "none"  # none | bf16 | fp16: mixed precision (autocast) on CUDA and on the CPU alike
+    tf32: bool = True  # on CUDA, float32 matmuls and convolutions in TF32 (runtime.enable_tf32); nothing on the CPU
+    # under torchrun: how long the other ranks wait at a collective while rank 0 validates (NCCL's default: 10 min)
+    ddp_timeout_min: float = 60.0
+    # under torchrun: auto (nccl on CUDA, gloo on the CPU) | nccl | gloo (several processes sharing one GPU need it)
+    ddp_backend: str = "auto"
     run_dir: str = "runs/default"
     max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
@@ -205,6 +210,7 @@ class EvalConfig:
     attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
     batch_size: int = 32
     mirror_check: bool = False  # per-epoch validation also captions the val photos mirrored (evaluate --mirror-check)
+    tf32: bool = True  # on CUDA, caption / evaluate / serve run float32 matmuls in TF32 (runtime.enable_tf32)
 
 
 @dataclass

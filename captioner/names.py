@@ -49,6 +49,8 @@ SPLITS = ("train", "val", "test")
 # training/loop.py: the learning-rate schedule over train.epochs, the autocast dtype and the objective
 LR_SCHEDULES = ("none", "step", "cosine")
 AMP_MODES = ("none", "bf16", "fp16")
+# training/distributed.py: the process group's backend under torchrun (auto: nccl on CUDA, gloo on the CPU)
+DDP_BACKENDS = ("auto", "nccl", "gloo")
 OBJECTIVES = ("xe", "scst")
 # training/loop.py: the metric that picks best.pt (evaluation/metrics.py computes every one)
 VAL_METRICS = ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1")
@@ -67,6 +69,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
     "train.amp": AMP_MODES,
+    "train.ddp_backend": DDP_BACKENDS,
     "train.objective": OBJECTIVES,
     "train.tensorboard": TENSORBOARD_MODES,
     "train.wandb": WANDB_MODES,
@@ -82,7 +85,7 @@ POSITIVE = (
     "model.attention.heads", "model.attention.attention_dim", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
     "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
-    "train.hard.temperature", "train.hard.temperature_min",
+    "train.hard.temperature", "train.hard.temperature_min", "train.ddp_timeout_min",
 )
 NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",

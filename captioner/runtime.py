@@ -1,4 +1,4 @@
-"""Process-wide settings for speed on the CPU.
+"""Process-wide settings: memory reuse on the CPU, the device rule every command shares, TF32 on CUDA.
 
 keep_freed_memory(): glibc's malloc serves large blocks with mmap and returns them to the kernel when they
 are freed, and frees the top of its heap past a trim threshold. A training step allocates and frees the
@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+import warnings
+from typing import Any
 
 _M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -36,3 +38,65 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     _applied = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     return _applied
+
+
+# --------------------------------------------------------------------------- devices
+
+DEVICE_HELP = "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; default auto"
+
+
+class DeviceError(ValueError):
+    """A device a command or config asks for that this machine cannot give; the message names the setting."""
+
+
+def resolve_device(name: str, setting: str = "--device", local_rank: int | None = None) -> Any:
+    """The one device rule of every command and of ``load_captioner``: ``name`` -> torch.device.
+
+    "auto" is CUDA when present, else the CPU. A CUDA device without CUDA, or past the last GPU, is refused
+    naming ``setting`` (the flag or config key it came from). Under torchrun (``local_rank`` given) each process
+    owns GPU LOCAL_RANK: "auto" and "cuda" map there, and an explicit "cuda:N" that is not LOCAL_RANK is
+    replaced by it, with a warning, rather than putting every rank on one GPU."""
+    import torch
+
+    if name == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        device = torch.device("cuda", local_rank or 0)
+    else:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise DeviceError(f"{setting}={name!r}: not a device; valid: {DEVICE_HELP}") from None
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise DeviceError(f"{setting}={name}: CUDA is not available on this machine (torch {torch.__version__}, "
+                          f"torch.cuda.is_available() is False); use {setting}=cpu or auto")
+    index = device.index if device.index is not None else (local_rank or 0)
+    if local_rank is not None and index != local_rank:
+        warnings.warn(f"{setting}={name} under torchrun: each process uses its own GPU, so this one (LOCAL_RANK "
+                      f"{local_rank}) uses cuda:{local_rank}", stacklevel=2)
+        index = local_rank
+    if index >= torch.cuda.device_count():
+        raise DeviceError(f"{setting}={name}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                          f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return torch.device("cuda", index)
+
+
+def describe_device(device: Any, requested: str) -> str:
+    """What a command prints about the device it chose, e.g. ``device cuda:0 (NVIDIA H100; asked: auto)``."""
+    import torch
+
+    if device.type == "cuda":
+        return f"device {device} ({torch.cuda.get_device_name(device)}; asked: {requested})"
+    return f"device {device} (asked: {requested}{'; no CUDA on this machine' if requested == 'auto' else ''})"
+
+
+def enable_tf32(enabled: bool) -> None:
+    """On CUDA, float32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa; ampere and later), the
+    rate those cards are built for, or strict float32 (``enabled`` False). Nothing changes on the CPU."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")

@@ -35,3 +35,15 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
         "epoch": 1, "step": 10, "metrics": {"CIDEr-D": 0.0},
     })
     return run_dir
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, saying so, on a machine without CUDA (they run wherever a GPU exists)."""
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("CAPTIONER_GPU_TEST_DEVICE") == "cpu":  # cpu: a dry run
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (a `gpu` test: `make gpu-check` runs these on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

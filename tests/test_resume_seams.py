@@ -98,7 +98,7 @@ def test_resume_with_another_process_count_is_refused(data_root, tmp_path, monke
     import captioner.training.loop as train_mod
 
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))
-    monkeypatch.setattr(train_mod, "setup_distributed", lambda device: (0, 2, torch.device("cpu")))
+    monkeypatch.setattr(train_mod, "setup_distributed", lambda device, *settings: (0, 2, torch.device("cpu")))
     assert main(["--resume", str(run), "--set", f"data.root={data_root}", "--set", "train.epochs=2"]) == 1
     err = capsys.readouterr().err
     assert "saved by 1 process(es) and this resume runs 2" in err and "--init" in err

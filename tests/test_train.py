@@ -220,7 +220,7 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
            "--set", f"train.run_dir={run_dir}", "--set", "train.num_threads=1", "--set", "train.epochs=3",
-           "--set", "model.attention.attention=hard", "--set", NO_OVERLAYS]
+           "--set", "model.attention.attention=hard", "--set", NO_OVERLAYS, "--set", "train.device=cpu"]
     env = dict(os.environ, **{train_mod.WEIGHTS_HASH_ENV: "1", "OMP_NUM_THREADS": "1"})
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from captioner.decoding.options import DecodeOptionError, DecodeOptions
 from captioner.evaluation.metrics import TOKENIZERS
 from captioner.names import DECODING_MODES
+from captioner.runtime import DEVICE_HELP, describe_device, resolve_device
 
 
 def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -108,3 +109,26 @@ def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, mo
         return build(model, **{k: v for k, v in flags.items() if v is not None})
     except DecodeOptionError as err:
         parser.error(f"argument --{err.setting.replace('_', '-')}: {err.detail}")
+
+
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    """``--device``, default auto (CUDA when present), as every command has it (runtime.resolve_device)."""
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def chosen_device(command: str, requested: str) -> Any:
+    """The device ``--device`` names (runtime.resolve_device; DeviceError, a ValueError, names the flag), said on
+    stderr so a run on the CPU of a machine with a GPU, or the other way round, is never silent."""
+    import sys
+
+    device = resolve_device(requested, "--device")
+    print(f"captioner {command}: {describe_device(device, requested)}", file=sys.stderr)
+    return device
+
+
+def use_tf32(model: Any) -> None:
+    """On CUDA, TF32 as the model's config says (eval.tf32, default on)."""
+    if model.device.type == "cuda":
+        from captioner.runtime import enable_tf32
+
+        enable_tf32(model.config.eval.tf32)

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
+from captioner.commands.arguments import (
+    add_decode_flags,
+    add_device_flag,
+    chosen_device,
+    decode_options,
+    int_at_least,
+    use_tf32,
+)
 from captioner.names import ENSEMBLE_ATTENTIONS
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -58,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
     parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
     parser.add_argument("--batch-size", type=int_at_least(1), default=16)
-    parser.add_argument("--device", default="cpu")
+    add_device_flag(parser)  # --device, default auto
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     return parser
 
@@ -135,10 +142,12 @@ def _load(args: argparse.Namespace):
     models = args.checkpoint or []
     source = models[0] if len(models) == 1 else (models or None)  # None: the shipped model; several: an ensemble
     try:
-        model = load_captioner(source, device=args.device, ensemble_attention=args.ensemble_attention)
+        model = load_captioner(source, device=chosen_device("caption", args.device),
+                               ensemble_attention=args.ensemble_attention)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"captioner caption: {err}", file=sys.stderr)
         return None
+    use_tf32(model)
     if len(args.checkpoint or []) > 1:  # stdout keeps one "image<TAB>caption" line per caption
         print(f"captioner caption: {describe_ensemble(**model.ensemble)}", file=sys.stderr)
     return model

@@ -12,7 +12,15 @@ from typing import Sequence
 
 from captioner.api import load_captioner
 from captioner.atomic import write_text_atomic
-from captioner.commands.arguments import add_decode_flags, add_scoring_flags, decode_options, int_at_least
+from captioner.commands.arguments import (
+    add_decode_flags,
+    add_device_flag,
+    add_scoring_flags,
+    chosen_device,
+    decode_options,
+    int_at_least,
+    use_tf32,
+)
 from captioner.data.images import JPEG_QUALITIES
 from captioner.evaluation.metrics import resolve_tokenizer
 from captioner.evaluation.split import cached_grids, evaluate_model, format_table
@@ -47,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mirror-check", action="store_true",
                         help="also caption every photo mirrored left-right and report whether attention follows "
                              "the objects (flipped maps, mirrored columns) or stays where it was")
-    parser.add_argument("--device", default="cpu")
+    add_device_flag(parser)  # --device, default auto
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--out", default=None, help="also write the JSON result (with predictions) here")
     parser.add_argument("--results-file", default=None, metavar="PATH",
@@ -67,10 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.store.checkpoint import CheckpointError
 
     try:  # a list of one: that model
-        model = load_captioner(args.checkpoint, device=args.device, ensemble_attention=args.ensemble_attention)
+        model = load_captioner(args.checkpoint, device=chosen_device("evaluate", args.device),
+                               ensemble_attention=args.ensemble_attention)
     except (CheckpointError, ValueError) as err:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
+    use_tf32(model)
     cfg = model.config
     if args.data_root:
         cfg.data.root = args.data_root

@@ -13,20 +13,13 @@ import logging
 import sys
 from typing import Any, Sequence
 
-import torch
-
 from captioner.api import build_encoder_from_config
 from captioner.commands.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
 from captioner.models.encoder import EncoderWeightsError
 from captioner.names import SPLITS
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+from captioner.runtime import describe_device, enable_tf32, resolve_device
 
 
 def _split_records(data: Any, splits: str | None) -> tuple[list[str], list[Any]]:
@@ -60,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                              "does not have, such as Flickr8k's withheld test split)")
     parser.add_argument("--batch-size", type=int_at_least(1), default=None, help="default: eval.batch_size")
     parser.add_argument("--num-workers", type=int_at_least(0), default=None, help="default: data.num_workers")
-    parser.add_argument("--device", default=None, help="default: train.device (auto: cuda when available)")
+    parser.add_argument("--device", default=None,
+                        help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; default: the config's "
+                             "train.device (auto unless the config says otherwise)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -75,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         encoder = build_encoder_from_config(enc)  # the frozen part is cached: the projection trains after it
         splits, records = _split_records(cfg.data, args.splits)
         out_dir = cache_dir_for(cfg.data, encoder.cache_fingerprint())
+        requested = args.device or cfg.train.device
+        device = resolve_device(requested, "--device" if args.device else "train.device")
+        if device.type == "cuda":
+            enable_tf32(cfg.train.tf32)
+        print(f"captioner extract: {describe_device(device, requested)}", file=sys.stderr)
         print(f"extracting {len(records)} images ({', '.join(splits)}) with {enc.name} "
               f"({'grid' if encoder.frozen else 'activations below the trained blocks'} "
               f"{'x'.join(map(str, encoder.cache_shape))}) into {out_dir}")
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  batch_size=args.batch_size or cfg.eval.batch_size,
                                  num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,
                                  max_failure_share=cfg.data.max_failure_share, progress=not args.no_progress,
-                                 device=_resolve_device(args.device or cfg.train.device))
+                                 device=device)
     except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError) as err:
         print(f"captioner extract: error: {err}", file=sys.stderr)
         return 1

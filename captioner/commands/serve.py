@@ -9,7 +9,14 @@ import secrets
 import sys
 from typing import Sequence
 
-from captioner.commands.arguments import add_decode_flags, decode_options, int_at_least
+from captioner.commands.arguments import (
+    add_decode_flags,
+    add_device_flag,
+    chosen_device,
+    decode_options,
+    int_at_least,
+    use_tf32,
+)
 from captioner.serving.limits import LOOPBACK_HOSTS, MAX_IN_FLIGHT, MAX_PIXELS, MAX_QUEUE, MAX_UPLOAD_BYTES
 from captioner.serving.server import MissingServePackages, create_app, page_options, require_serve_packages
 
@@ -25,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int_at_least(1, 65535), default=7860)
     # the page lists every beam; argmax and sample show each word's cell; --allow-unk
     add_decode_flags(parser, n_best=False)
-    parser.add_argument("--device", default="cpu")
+    add_device_flag(parser)  # --device, default auto
     limits = parser.add_argument_group("limits (docs/robustness.md)")
     limits.add_argument("--max-upload-mb", type=int_at_least(1), default=MAX_UPLOAD_BYTES // 2**20,
                         help="larger uploads are refused with 413 as they stream in (default %(default)s)")
@@ -68,10 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.store.checkpoint import CheckpointError
 
     try:
-        model = load_captioner(args.checkpoint, device=args.device)  # None: the shipped model
+        model = load_captioner(args.checkpoint, device=chosen_device("serve", args.device))  # None: the shipped model
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"captioner serve: {err}", file=sys.stderr)
         return 2
+    use_tf32(model)
     shipped = getattr(model, "shipped_name", None)
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
     token = _token(args.token)

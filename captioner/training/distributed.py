@@ -23,22 +23,29 @@ class TrainingError(RuntimeError):
 # --------------------------------------------------------------------------- process / device
 
 
-def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
-    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
+def setup_distributed(device_name: str, timeout_min: float = 60.0, backend: str = "auto"
+                      ) -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; ``backend`` auto is gloo on the CPU,
+    nccl on CUDA. The device follows runtime.resolve_device (``train.device``; under torchrun each process takes GPU
+    LOCAL_RANK). The process group waits ``timeout_min`` at a collective: the other ranks wait there while rank 0
+    validates."""
+    from datetime import timedelta
+
+    from captioner.runtime import resolve_device
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_name == "auto":
-        device_name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    elif device_name == "cuda":
-        device_name = f"cuda:{local_rank}"
-    device = torch.device(device_name)
+    try:
+        device = resolve_device(device_name, "train.device", local_rank=local_rank if world > 1 else None)
+    except ValueError as err:
+        raise TrainingError(str(err)) from None
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise TrainingError(f"train.device={device_name} but CUDA is not available; use train.device=cpu or auto")
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_min))
     return rank, world, device
 
 
@@ -59,8 +66,9 @@ def broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
 # --------------------------------------------------------------------------- RNG state as plain data
 
 
-def rng_state() -> dict:
-    """This process's RNG states in a form torch.load(weights_only=True) reads back."""
+def rng_state(device: torch.device | None = None) -> dict:
+    """This process's RNG states in a form torch.load(weights_only=True) reads back: the CPU's, NumPy's, Python's
+    and, on CUDA, its own GPU's only (a resume on a machine with fewer GPUs visible restores just as well)."""
     np_state = np.random.get_state()
     py_state = random.getstate()
     state = {
@@ -69,26 +77,30 @@ def rng_state() -> dict:
                   int(np_state[3]), float(np_state[4])],
         "python": [py_state[0], torch.tensor(py_state[1], dtype=torch.int64), py_state[2]],
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda_device"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     torch.set_rng_state(state["torch"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device is None or device.type != "cuda":
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"], device)
+    elif "cuda" in state and device.index < len(state["cuda"]):  # saved before: every visible GPU's, in order
+        torch.cuda.set_rng_state(state["cuda"][device.index], device)
 
 
-def gather_rng_states(world: int) -> list[dict]:
+def gather_rng_states(world: int, device: torch.device | None = None) -> list[dict]:
     if world == 1:
-        return [rng_state()]
+        return [rng_state(device)]
     states: list[Any] = [None] * world
-    dist.all_gather_object(states, rng_state())
+    dist.all_gather_object(states, rng_state(device))
     return states
 
 

@@ -51,7 +51,7 @@ from captioner.atomic import write_text_atomic
 from captioner.config import Config, ConfigError, config_to_dict, save_config
 from captioner.data.datasets import CaptionDataset, build_vocab, mirrored_records
 from captioner.data.vocab import Vocab
-from captioner.runtime import keep_freed_memory
+from captioner.runtime import describe_device, enable_tf32, keep_freed_memory
 from captioner.store.rundir import RunDir
 from captioner.training.distributed import (
     TrainingError,
@@ -305,7 +305,11 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     t = cfg.train
     if t.num_threads > 0:
         torch.set_num_threads(t.num_threads)
-    rank, world, device = setup_distributed(t.device)
+    rank, world, device = setup_distributed(t.device, t.ddp_timeout_min, t.ddp_backend)
+    if device.type == "cuda":
+        enable_tf32(t.tf32)
+    if rank == 0:
+        log.info("training on %s", describe_device(device, t.device))
     payload = resume_payload(cfg, resume, world)
     train_records = load_split_records(cfg, "train", rank, world)
     val_records = load_split_records(cfg, "val", rank, world)
@@ -354,7 +358,7 @@ def _restore(run: _Run, payload: dict) -> None:
     run.scheduler.load_state_dict(payload["scheduler"])
     run.progress = Progress.from_payload(payload)
     run.started -= run.progress.elapsed_s  # the time budget counts the run's earlier sessions too
-    set_rng_state(payload["rng"]["ranks"][run.rank])  # last: nothing draws after (one state per rank: checked)
+    set_rng_state(payload["rng"]["ranks"][run.rank], run.device)  # last: nothing draws after (one per rank: checked)
     log.info("resuming %s after epoch %d (step %d)", run.run_dir, run.progress.epoch, run.progress.step)
 
 
@@ -376,19 +380,35 @@ def _open_run_dir(run: _Run) -> None:
 
 
 def _prepare_steps(run: _Run) -> None:
-    """The forward that steps call (DDP-wrapped across processes), mixed precision and its scaler."""
+    """The forward that steps call (DDP-wrapped across processes), mixed precision and its scaler. ``train.amp``
+    runs under autocast on whatever device trains, the CPU included (bf16; fp16 where torch's CPU autocast has it),
+    so the test suite covers the same code a GPU runs."""
     t, device = run.cfg.train, run.device
     run.forward = _TrainForward(run.model, run.from_images)
     if run.world > 1:
         run.forward = nn.parallel.DistributedDataParallel(
             run.forward, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=True)  # some attention variants leave parameters out of a step
-    use_amp = device.type == "cuda" and t.amp != "none"
-    if t.amp != "none" and not use_amp:
-        log.warning("train.amp=%s ignored: mixed precision runs on CUDA only", t.amp)
+            find_unused_parameters=_may_leave_parameters_out(run.cfg),
+            broadcast_buffers=_buffers_change(run.cfg))
+    use_amp = t.amp != "none"
     if use_amp:
-        run.amp = lambda: torch.autocast("cuda", dtype=AMP_DTYPES[t.amp])
+        run.amp = lambda: torch.autocast(device.type, dtype=AMP_DTYPES[t.amp])
     run.scaler = _make_scaler(device, enabled=use_amp and t.amp == "fp16")
+
+
+def _may_leave_parameters_out(cfg: Config) -> bool:
+    """Whether a step may leave a trainable parameter without a gradient, so DDP must search for them every step
+    (find_unused_parameters). Cross-entropy reaches every parameter of every variant (tests/test_train.py checks each
+    decoder kind, attention, scorer and estimator); SCST may not (hard attention reading its arg-max cell trains
+    no scorer without train.scst.xe_weight)."""
+    return cfg.train.objective == "scst"
+
+
+def _buffers_change(cfg: Config) -> bool:
+    """Whether training changes a buffer (the fine-tuned blocks' batch-norm statistics with update_bn_stats), so DDP
+    must broadcast rank 0's every step; a frozen encoder's never change."""
+    enc = cfg.model.encoder
+    return enc.finetune_blocks > 0 and enc.update_bn_stats
 
 
 def _make_scaler(device: torch.device, enabled: bool) -> torch.amp.GradScaler:
@@ -513,7 +533,7 @@ def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
         if run.writer is not None:
             run.writer.epoch(entry, epoch + 1)
             run.writer.images(run.model, run.val_decode_set.records[: run.cfg.train.tensorboard_images], epoch + 1)
-    rng = gather_rng_states(run.world)  # a collective: every rank, every epoch
+    rng = gather_rng_states(run.world, run.device)  # a collective: every rank, every epoch
     if run.is_main:
         _save(run, entry, rng, improved)
     if not broadcast_flag(stop, run.world, run.device):

@@ -29,7 +29,8 @@ def score_captions(predictions: dict[str, str], references: dict[str, list[str]]
 @torch.no_grad()
 def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set: CaptionDataset,
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
-    """Greedy-decode the validation images and score them; also the teacher-forced loss (logged only)."""
+    """Greedy-decode the validation images and score them (in float32, as `captioner evaluate` decodes); also the
+    teacher-forced loss under ``amp``, training's mixed precision (logged only)."""
     from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
     from captioner.evaluation.split import decode_reads
 
@@ -41,24 +42,24 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
         total, count = 0.0, 0
         for batch in DataLoader(loss_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
             batch = batch.to(device)
-            with amp():
+            with amp():  # as training computes it (the output layer reads the decoder's half-precision state)
                 out = model(model.grid_from(batch.inputs, from_images), batch.captions, batch.lengths,
                             attention_mode=mode)
-            n = int(out.mask.sum())
-            total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
+                n = int(out.mask.sum())
+                total += float(sequence_cross_entropy(out, batch.captions[:, 1:])) * n
             count += n
 
         def batches():
             for batch in DataLoader(decode_set, batch_size=cfg.eval.batch_size, collate_fn=collate_captions):
-                with amp():
-                    grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
+                grid = model.grid_from(batch.inputs.to(device), from_images)  # (B, L, D)
                 yield [decode_set.records[i] for i in batch.indices.tolist()], grid
 
-        # reads: id -> (words, alphas, cells)
-        predictions, reads = decode_reads(model, batches(), options, autocast=amp)
+        # Decoded in float32 whatever train.amp says, as `captioner evaluate` decodes: best.pt is chosen on the
+        # captions that evaluate later scores. reads: id -> (words, alphas, cells)
+        predictions, reads = decode_reads(model, batches(), options)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
-        mirror = _mirror_check(model, cfg, decode_set.records, reads, options, amp)
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, options)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
@@ -71,13 +72,11 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     return result
 
 
-def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,
-                  amp: Any) -> dict:
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions) -> dict:
     """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluation/split.mirror_figures: the
-    mirrored photos are encoded from their images, under ``amp``), else nothing."""
+    mirrored photos are encoded from their images, in float32 as the originals are decoded), else nothing."""
     if not cfg.eval.mirror_check or not reads:
         return {}
     from captioner.evaluation.split import mirror_figures
 
-    with amp():
-        return mirror_figures(model, records, reads, options, cfg.eval.batch_size)
+    return mirror_figures(model, records, reads, options, cfg.eval.batch_size)

@@ -1,0 +1,141 @@
+"""One device rule for every command (captioner/runtime.resolve_device): auto by default, said aloud, refused by name
+when the machine cannot give it; under torchrun each process on its own GPU; RNG state per local device."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from captioner import runtime
+from captioner.runtime import DeviceError, resolve_device
+
+REPO = Path(__file__).resolve().parent.parent
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without CUDA")
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine with two CUDA devices, as far as the device rule can tell (it asks only these two functions)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_auto_is_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert "no CUDA" in runtime.describe_device(torch.device("cpu"), "auto")
+
+
+def test_auto_and_cuda_take_the_local_gpu(two_gpus):
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
+
+
+def test_an_explicit_gpu_under_torchrun_is_replaced_by_local_rank_saying_so(two_gpus):
+    with pytest.warns(UserWarning, match=r"train.device=cuda:0 under torchrun.*LOCAL_RANK 1\) uses cuda:1"):
+        assert resolve_device("cuda:0", "train.device", local_rank=1) == torch.device("cuda", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the matching GPU says nothing
+        assert resolve_device("cuda:1", local_rank=1) == torch.device("cuda", 1)
+
+
+def test_a_gpu_past_the_last_is_refused_naming_the_setting(two_gpus):
+    with pytest.raises(DeviceError, match=r"--device=cuda:2: this machine has 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
+def test_cuda_without_cuda_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match=r"train.device=cuda: CUDA is not available"):
+        resolve_device("cuda", "train.device")
+    with pytest.raises(DeviceError, match=r"--device='tpu0': not a device"):
+        resolve_device("tpu0")
+
+
+@pytest.mark.parametrize("command", ["caption", "evaluate", "serve", "extract"])
+def test_every_command_defaults_to_auto_and_says_so_in_help(command):
+    import importlib
+
+    module = importlib.import_module(f"captioner.commands.{command}")
+    parser = module._parser()
+    action = next(a for a in parser._actions if "--device" in a.option_strings)
+    assert "auto" in action.help
+    if command == "extract":  # its default is the config's train.device, which defaults to auto
+        from captioner.config import TrainConfig
+
+        assert action.default is None and TrainConfig().device == "auto"
+    else:
+        assert action.default == "auto"
+
+
+def test_the_python_api_and_training_default_to_auto():
+    import captioner
+    from captioner import api
+    from captioner.config import TrainConfig
+
+    for fn in (captioner.load_captioner, api.load_captioner, api.load_model, api.load_model_folder,
+               api.load_shipped):
+        assert inspect.signature(fn).parameters["device"].default == "auto", fn
+    assert TrainConfig().device == "auto"
+
+
+@no_cuda
+def test_evaluate_with_cuda_on_a_machine_without_it_is_refused_naming_the_flag():
+    proc = subprocess.run([sys.executable, "-m", "captioner", "evaluate", "--checkpoint", "flickr8k_soft",
+                           "--device", "cuda", "--max-images", "1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "--device=cuda: CUDA is not available" in proc.stderr
+
+
+def test_caption_says_which_device_it_chose(tmp_path):
+    from captioner.demo import sample_photo
+
+    image = tmp_path / "photo.png"
+    sample_photo("astronaut").save(image)
+    proc = subprocess.run([sys.executable, "-m", "captioner", "caption", str(image), "--beam", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    expected = "device cuda" if torch.cuda.is_available() else "device cpu (asked: auto; no CUDA on this machine)"
+    assert f"captioner caption: {expected}" in proc.stderr
+
+
+# --------------------------------------------------------------------------- RNG state per local device
+
+
+def test_rng_state_on_the_cpu_holds_no_gpu_state():
+    from captioner.training.distributed import rng_state, set_rng_state
+
+    state = rng_state(torch.device("cpu"))
+    assert "cuda" not in state and "cuda_device" not in state
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    set_rng_state(state, torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_resume_with_fewer_gpus_visible_restores_its_own_and_never_indexes_past_them(monkeypatch):
+    """Old checkpoints saved every visible GPU's state; a rank whose index is past them restores none rather than
+    raising IndexError. New ones save this rank's device only, and it is restored on that device."""
+    from captioner.training import distributed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append((state, device)))
+    state = distributed.rng_state(torch.device("cpu"))
+    old = dict(state, cuda=[torch.zeros(4, dtype=torch.uint8)])  # saved on a 1-GPU machine
+    distributed.set_rng_state(old, torch.device("cuda", 1))
+    assert calls == []
+    distributed.set_rng_state(old, torch.device("cuda", 0))
+    assert len(calls) == 1 and calls[0][1] == torch.device("cuda", 0)
+    new = dict(state, cuda_device=torch.ones(4, dtype=torch.uint8))
+    distributed.set_rng_state(new, torch.device("cuda", 3))
+    assert torch.equal(calls[-1][0], torch.ones(4, dtype=torch.uint8)) and calls[-1][1] == torch.device("cuda", 3)
