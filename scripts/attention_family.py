@@ -135,8 +135,10 @@ def _run(cmd: list[str], log_path: Path) -> None:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # PASSIVE: OpenMP threads that spin while a sibling is descheduled make every op wait for a scheduler
+        # tick when the two cores are shared (scripts/bench.py measured 10x), as they are beside other work
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if code != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
         raise RuntimeError(f"{cmd[3]} failed (exit {code}); log: {log_path}\n" + "\n".join(tail))
