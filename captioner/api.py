@@ -16,6 +16,8 @@ describe (``load_model_folder``, ``load_shipped``) and writes them (``export_mod
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,7 +33,7 @@ from captioner.models.captioner import Captioner, GridPositionEmbedding
 from captioner.models.decoders.contract import CaptionDecoder
 from captioner.models.decoders.registry import build_decoder
 from captioner.models.encoder import Encoder, build_encoder
-from captioner.models.ensemble import CaptionerEnsemble, check_attention_shown
+from captioner.models.ensemble import CaptionerEnsemble, cells_shown_words, check_attention_shown
 from captioner.runtime import resolve_device
 from captioner.store import zoo
 from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
@@ -144,8 +146,12 @@ class ImageCaptionerEnsemble(CaptionsInWords, CaptionerEnsemble):
     their word log-probabilities at each step of the search): what ``load_captioner`` returns for several paths.
 
     ``vocab`` and ``config`` are the first member's (its eval settings are the ensemble's defaults, its data
-    section what ``captioner evaluate`` reads); ``sources`` name the members (their paths). Each caption's dict
-    also carries ``ensemble``: the sources and which attention its ``alphas`` are ("first" member's or "mean").
+    section what ``captioner evaluate`` reads); ``sources`` name the members (their paths). Every member reads
+    the same way: as each reads on its own (its eval.attention_mode) when those agree; when they differ (a soft
+    model beside a hard one reading argmax) the mode must be given (``attention_mode=``, ``--attention-mode``),
+    else decoding is refused naming each member's read (models/ensemble.py). Each caption's dict also carries
+    ``ensemble``: the sources, which attention its ``alphas`` are ("first" member's or "mean") and whose cells its
+    ``locations`` are (``cells``: the first member's reads, or the arg-max of the mean attention).
 
     Args:
         members: the loaded models; the first one's vocabulary is every member's (else a CheckpointError
@@ -167,8 +173,17 @@ class ImageCaptionerEnsemble(CaptionsInWords, CaptionerEnsemble):
 
     @property
     def ensemble(self) -> dict:
-        """What the outputs say about this ensemble: its members' sources and the attention shown."""
-        return {"members": self.sources, "attention": self.attention_shown}
+        """What the outputs say about this ensemble: its members' sources, the attention shown and whose cells the
+        one-cell reads report."""
+        return {"members": self.sources, "attention": self.attention_shown,
+                "cells": cells_shown_words(self.attention_shown, self.sources[0])}
+
+    @property
+    def caption_options(self) -> DecodeOptions:
+        """The first member's caption options, the read still to be chosen when the members read differently
+        (models/ensemble.UnchosenRead: ``caption(images, attention_mode=...)`` chooses it, ``caption(images)``
+        refuses naming the members' reads)."""
+        return dataclasses.replace(self.decode_options, forbid_unk=True)
 
     def _result(self, per_image: list[Any], locations: int, mode: str) -> dict:
         return {**super()._result(per_image, locations, mode), "ensemble": self.ensemble}
@@ -235,6 +250,17 @@ def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
                           decode_options=DecodeOptions.from_config(cfg))
 
 
+def model_shapes(cfg: Config, vocab: Vocab) -> dict[str, torch.Size]:
+    """The shape of every tensor in the state dict of the model ``build_model(cfg, vocab)`` would build, from a
+    build on the meta device: no memory, no weight file read. What loading checks a file's tensors against
+    before building the real model."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.encoder.pretrained, cfg.model.encoder.weights_path = False, ""  # the shapes need no weights
+    with torch.device("meta"):
+        model = build_model(cfg, vocab)
+    return {key: value.shape for key, value in model.state_dict().items()}
+
+
 def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device: Any = "auto",
                    ensemble_attention: str | None = None) -> ImageCaptioner | ImageCaptionerEnsemble:
     """Rebuild a captioner from ``path``, one of the sources ``load_model`` reads (nothing: the shipped model),
@@ -256,9 +282,10 @@ def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device
 def load_ensemble(paths: Sequence[str | Path], device: Any = "auto", attention: str = "first"
                   ) -> ImageCaptionerEnsemble:
     """An ensemble of the models at ``paths`` (each anything ``load_model`` reads): they decode together,
-    the mean of their word log-probabilities at each step (models/ensemble.py), their captions' attention the
-    first model's or the mean (``attention``). Refused, naming the file, when a model's vocabulary differs from
-    the first's (CheckpointError) or its encoder does (ValueError: an image is encoded once for all)."""
+    the mean of their word log-probabilities at each step (models/ensemble.py), every one reading the same way
+    (``ImageCaptionerEnsemble``), their captions' attention the first model's or the mean (``attention``).
+    Refused, naming the file, when a model's vocabulary differs from the first's (CheckpointError) or its encoder
+    does (ValueError: an image is encoded once for all)."""
     check_attention_shown(attention)  # before minutes of loading
     if len(paths) < 2:
         raise ValueError(f"an ensemble needs two or more models, got {len(paths)}")
@@ -303,8 +330,10 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
         vocab = Vocab.from_dict(payload["vocab"])
     except (ValueError, TypeError, KeyError) as err:
         raise CheckpointError(f"{path}: the stored vocabulary is invalid: {err}") from None
+    # Checked against the model the config describes, built on the meta device, before the real one: a config
+    # that disagrees with its weights (hidden_dim: 65536) is refused here instead of allocating tens of GB.
+    check_state_dict(payload["model"], model_shapes(cfg, vocab), source=path)
     model = build_model(cfg, vocab)
-    check_state_dict(payload["model"], model.state_dict())
     model.load_state_dict(payload["model"])
     model.pretrained_backbone = pretrained_backbone  # its backbone weights are the installed ones (exports omit them)
     model.to(resolve_device(device, "device"))
@@ -314,8 +343,10 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
 
 def load_model_folder(directory: str | Path, device: Any = "auto") -> ImageCaptioner:
     """The captioner in a Hub-style model folder (captioner/store/hub.py), in float32, eval mode, on ``device``. The
-    weights file must have the SHA-256 config.json records and the installed encoder the fingerprint it records."""
-    cfg, vocab, tensors, meta = read_model_folder(directory)
+    weights file must have the SHA-256 config.json records, tensors of the shapes of the model its config
+    describes (read from the file's header and checked before that model is built), and the installed encoder the
+    fingerprint it records."""
+    cfg, vocab, tensors, meta = read_model_folder(directory, expected_shapes=model_shapes)
     model = build_model(cfg, vocab)
     load_folder_weights(model, tensors, meta, directory)
     model.to(resolve_device(device, "device"))

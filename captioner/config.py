@@ -412,6 +412,11 @@ def validate(cfg: Config) -> None:
     if cfg.data.val_share + cfg.data.test_share >= 1.0:
         raise ConfigError(f"data.val_share + data.test_share must be < 1 (training needs images), got "
                           f"{cfg.data.val_share} + {cfg.data.test_share}")
+    enc = cfg.model.encoder
+    if enc.name.startswith("timm:") and enc.finetune_blocks and cfg.data.use_cache:
+        raise ConfigError(f"model.encoder.finetune_blocks={enc.finetune_blocks} with model.encoder.name={enc.name!r} "
+                          "needs data.use_cache=false: a timm backbone cannot be split below its trainable blocks, "
+                          "so the feature cache cannot hold what it starts from; it fine-tunes on images")
     if cfg.train.average_last and not cfg.train.keep_epochs:
         raise ConfigError(f"train.average_last={cfg.train.average_last} averages kept epochs: set "
                           "train.keep_epochs=true too")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -32,8 +31,10 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without install
 
-SATURATION = 0.99  # captioner.evaluation.metrics.SATURATED_ALPHA, which `evaluate` reports as alpha_saturated
-SCORE_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")  # a word's alpha counts as saturated when its largest weight exceeds this
+# a word's alpha counts as saturated when its largest weight exceeds this: captioner.evaluation.metrics.SATURATED_ALPHA,
+# which `evaluate` reports as alpha_saturated
+SATURATION = 0.99
+SCORE_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 # The objective settings hard attention needs, from the shipped configs (configs/flickr8k_hard.yaml: the
 # leave-one-out estimator; configs/flickr8k_hard_gumbel_from_soft.yaml: Gumbel); the optimiser stays the family's.
@@ -264,10 +265,9 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
     import torch
 
     from captioner.api import load_captioner
-    from captioner.data.datasets import collate_captions
-    from captioner.training.loop import _build_optimizer, _TrainForward, compute_loss
+    from captioner.data.datasets import GridCaptionDataset, collate_captions
     from captioner.training.inputs import load_split_records, open_feature_cache
-    from captioner.data.datasets import GridCaptionDataset
+    from captioner.training.loop import _build_optimizer, _TrainForward, compute_loss
 
     ready = [row for row in rows if family.row_file(row).exists()]
     if not ready:

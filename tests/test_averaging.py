@@ -16,8 +16,9 @@ SMOKE = REPO / "configs" / "smoke.yaml"
 VOCAB = {"words": ["<pad>", "<start>", "<end>", "<unk>", "a"]}
 
 
-def _save(path: Path, weight: torch.Tensor, counter: int = 3, vocab=VOCAB, model_section=None) -> Path:
-    save_checkpoint(path, {"model": {"w": weight, "bn.num_batches_tracked": torch.tensor(counter)},
+def _save(path: Path, weight: torch.Tensor, counter: int = 3, vocab=VOCAB, model_section=None, ids=(1, 2)) -> Path:
+    save_checkpoint(path, {"model": {"w": weight, "bn.num_batches_tracked": torch.tensor(counter),
+                                     "ids": torch.tensor(ids)},
                            "config": {"model": model_section or {"decoder": {"hidden_dim": 4}}},
                            "vocab": vocab, "epoch": int(weight.flatten()[0])})
     return path
@@ -31,23 +32,53 @@ def test_the_average_is_the_mean_of_the_weights_in_their_dtype(tmp_path):
     torch.testing.assert_close(out["model"]["w"], torch.tensor([3.0, 2.0, 3.0]))
     assert out["model"]["w"].dtype == torch.float32
     assert int(out["model"]["bn.num_batches_tracked"]) == 3  # counters are not averaged
+    assert torch.equal(out["model"]["ids"], torch.tensor([1, 2]))
     assert out["epoch"] == 5 and out["averaged_from"] == [str(a), str(b), str(c)]  # the last file's epoch
     half = _save(tmp_path / "half.pt", torch.tensor([1.0, 2.0, 4.0]).half())
     assert average_checkpoints([half, half])["model"]["w"].dtype == torch.float16
 
 
 @pytest.mark.parametrize("kind, match", [
-    ("shape", "shape"), ("counter", "integer tensor 'bn.num_batches_tracked' differs"),
+    ("shape", "shape"), ("integer", "integer tensor 'ids' differs"),
     ("vocab", "vocabulary mismatch"), ("model", "model sections differ")])
 def test_checkpoints_of_other_models_are_refused_naming_the_file(tmp_path, kind, match):
     a = _save(tmp_path / "a.pt", torch.ones(3))
-    other = {"shape": lambda p: _save(p, torch.ones(4)), "counter": lambda p: _save(p, torch.ones(3), counter=4),
+    other = {"shape": lambda p: _save(p, torch.ones(4)), "integer": lambda p: _save(p, torch.ones(3), ids=(1, 3)),
              "vocab": lambda p: _save(p, torch.ones(3), vocab={"words": VOCAB["words"][:-1] + ["b"]}),
              "model": lambda p: _save(p, torch.ones(3), model_section={"decoder": {"hidden_dim": 8}})}[kind]
     b = other(tmp_path / "b.pt")
     with pytest.raises(CheckpointError, match=match) as info:
         average_checkpoints([a, b])
     assert str(info.value).startswith(f"{b} cannot be averaged with {a}")
+
+
+def test_batch_norm_counters_take_the_last_files_and_running_statistics_average(tmp_path):
+    """Snapshots of a run whose fine-tuned batch norms update their statistics (model.encoder.update_bn_stats)
+    differ in num_batches_tracked: averaging them used to stop at the very end of training ("the integer tensor
+    ... differs"). The counter is the last file's; the running mean and variance are averaged like weights."""
+    from captioner.api import build_model
+    from captioner.config import config_to_dict
+    from captioner.data.vocab import Vocab
+
+    cfg = load_config(SMOKE, ["model.encoder.finetune_blocks=1", "model.encoder.update_bn_stats=true"])
+    model = build_model(cfg, Vocab.build([["a", "red", "circle"]])).train()
+    paths = []
+    for epoch in (1, 2, 3):
+        with torch.no_grad():
+            for _ in range(epoch):  # each epoch sees more batches: the counters differ
+                model.encode(torch.randn(2, 3, 64, 64) * epoch)
+        paths.append(tmp_path / f"epoch-{epoch}.pt")
+        save_checkpoint(paths[-1], {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                                    "config": config_to_dict(cfg), "vocab": model.vocab.to_dict(), "epoch": epoch})
+    states = [load_checkpoint(p)["model"] for p in paths]
+    counters = [k for k in states[0]
+                if k.endswith("num_batches_tracked") and not torch.equal(states[0][k], states[2][k])]
+    assert counters, "the fine-tuned block's batch norms should have counted batches"
+    out = average_checkpoints(paths)["model"]
+    for counter in counters:
+        assert torch.equal(out[counter], states[-1][counter])
+        mean = counter.replace("num_batches_tracked", "running_mean")
+        torch.testing.assert_close(out[mean], sum(s[mean] for s in states) / 3)
 
 
 def test_average_needs_weights_only(tmp_path):

@@ -282,3 +282,14 @@ def test_transformer_sizes_are_checked():
         load_config(None, ["model.decoder.kind=transformer", "model.decoder.embed_dim=100", "model.attention.heads=8"])
     cfg = load_config(None, ["model.decoder.kind=transformer", "model.decoder.overlay_layer=-2"])
     assert cfg.model.decoder.layers == 2
+
+
+def test_a_fine_tuned_timm_backbone_needs_images_not_the_cache():
+    """A timm backbone cannot be split below its trainable blocks, so the feature cache cannot start it: the
+    config refuses the combination at load, naming the three settings, instead of extraction failing later."""
+    tuned = ["model.encoder.name=timm:resnet18", "model.encoder.finetune_blocks=1"]
+    with pytest.raises(ConfigError, match=r"model.encoder.finetune_blocks=1 with model.encoder.name='timm:resnet18' "
+                                          r"needs data.use_cache=false"):
+        load_config("smoke", tuned)
+    assert load_config("smoke", [*tuned, "data.use_cache=false"]).model.encoder.finetune_blocks == 1
+    assert load_config("smoke", ["model.encoder.name=timm:resnet18"]).data.use_cache  # frozen: cached as ever

@@ -66,4 +66,5 @@ def test_scst_searches_for_unused_parameters():
 def test_buffers_are_broadcast_only_when_training_changes_them():
     assert not _buffers_change(load_config(SMOKE))
     assert not _buffers_change(load_config(SMOKE, ["model.encoder.finetune_blocks=1"]))
-    assert _buffers_change(load_config(SMOKE, ["model.encoder.finetune_blocks=1", "model.encoder.update_bn_stats=true"]))
+    assert _buffers_change(load_config(SMOKE, ["model.encoder.finetune_blocks=1",
+                                               "model.encoder.update_bn_stats=true"]))

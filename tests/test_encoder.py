@@ -262,3 +262,25 @@ def test_timm_weights_path_loads_offline(tmp_path, no_network):
     assert encoder.grid_hw == (8, 8) and encoder.backbone_dim == 128
     loaded = dict(encoder.backbone.named_parameters())["model.layer2.0.conv1.weight"]
     assert torch.equal(loaded, full.layer2[0].conv1.weight)
+
+
+def test_a_timm_backbone_fine_tunes_on_images_through_the_captioner(no_network):
+    """A timm backbone cannot be split for the feature cache; with data.use_cache=false (what the refusal of
+    ``cache_features`` recommends) ``Captioner.encode`` used to raise all the same. It now runs the whole
+    backbone, and the trainable block gets its gradient."""
+    from captioner.api import build_model
+    from captioner.config import load_config
+    from captioner.data.vocab import Vocab
+
+    cfg = load_config("smoke", ["model.encoder.name=timm:resnet18", "model.encoder.finetune_blocks=1",
+                                "data.use_cache=false"])
+    model = build_model(cfg, Vocab.build([["a", "red", "circle"]])).train()
+    assert not model.encoder.splits and not model.encoder.frozen
+    grid = model.grid_from(torch.randn(2, 3, 64, 64), images=True)  # (B, L, D), as training feeds images
+    H, W = model.encoder.grid_hw
+    assert grid.shape == (2, H * W, model.encoder.out_dim)
+    grid.sum().backward()
+    trainable = {id(p) for p in model.encoder.trainable_parameters()}
+    assert trainable and all((p.grad is not None) == (id(p) in trainable) for p in model.encoder.backbone.parameters())
+    with pytest.raises(ValueError, match="data.use_cache=false"):  # the cache still refuses it, by its message
+        model.encoder.cache_features(torch.randn(1, 3, 64, 64))

@@ -4,6 +4,7 @@ and its alpha the first member's or the mean; models with other words or another
 named. Smoke-config models with random weights, CPU."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from captioner import fast_paths
 from captioner.api import ImageCaptionerEnsemble, build_model, load_captioner
 from captioner.config import config_to_dict, load_config
 from captioner.data.vocab import Vocab
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
 from captioner.models.ensemble import ATTENTION_SHOWN, ATTENTION_SHOWN_WORDS, CaptionerEnsemble
 from captioner.names import ENSEMBLE_ATTENTIONS
 from captioner.store.checkpoint import CheckpointError, save_checkpoint
@@ -106,7 +108,8 @@ def test_captioning_images_through_an_ensemble_encodes_once_and_matches(smoke_ch
     assert calls == [2]  # one backbone pass for the batch, not one per member
     for one, two in zip(alone, both):
         assert one["words"] == two["words"] and np.array_equal(one["alphas"], two["alphas"])
-        assert two["ensemble"] == {"members": [str(smoke_checkpoint)] * 2, "attention": "mean"}
+        assert two["ensemble"] == {"members": [str(smoke_checkpoint)] * 2, "attention": "mean",
+                                   "cells": "at the arg-max of the mean of the models' attention"}
         assert "ensemble" not in one
 
 
@@ -219,7 +222,8 @@ def test_caption_command_with_two_models_says_it_is_an_ensemble(smoke_checkpoint
     assert main([*argv, "--json", "--attention-out", str(tmp_path / "overlays")]) == 0
     out = capsys.readouterr()
     (result,) = json.loads(out.out)["results"]
-    assert result["ensemble"] == {"members": [str(smoke_checkpoint), str(second_checkpoint)], "attention": "mean"}
+    assert result["ensemble"] == {"members": [str(smoke_checkpoint), str(second_checkpoint)], "attention": "mean",
+                                  "cells": "at the arg-max of the mean of the models' attention"}
     assert Path(result["overlay"]).is_file()
     assert "an ensemble of 2 models" in out.err and "the mean of the models' attention" in out.err
     assert main(argv) == 0  # text: one tab-separated line per image on stdout, the ensemble named on stderr
@@ -249,7 +253,8 @@ def test_evaluate_command_with_two_models(smoke_checkpoint, second_checkpoint, t
     assert twice["predictions"] == single["predictions"]
     pair = run("pair", smoke_checkpoint, second_checkpoint)
     table = capsys.readouterr().out
-    assert pair["ensemble"] == {"members": [str(smoke_checkpoint), str(second_checkpoint)], "attention": "first"}
+    assert pair["ensemble"] == {"members": [str(smoke_checkpoint), str(second_checkpoint)], "attention": "first",
+                                "cells": f"read by the first model ({smoke_checkpoint})"}
     assert table.splitlines()[1].startswith("an ensemble of 2 models")
     assert len(pair["predictions"]) == len(single["predictions"])
 
@@ -275,3 +280,127 @@ def test_fine_tuned_members_share_the_cached_rows_and_run_their_own_top_blocks()
     frozen = smoke_model(2, backbone_of=a)  # the same backbone weights, but its cache holds other rows
     with pytest.raises(ValueError, match="its encoder differs.*split"):
         CaptionerEnsemble([a, frozen])
+
+
+# --------------------------------------------------------------------------- one read, whatever the order
+
+HARD_ARGMAX = ("model.attention.attention=hard", "eval.attention_mode=argmax")
+
+
+@pytest.fixture(scope="module")
+def soft_and_hard(pair):
+    """A soft model (reads "expectation" on its own) and a hard one whose config reads "argmax", one backbone."""
+    return pair[0], smoke_model(3, backbone_of=pair[0], overrides=HARD_ARGMAX)
+
+
+def _recording(monkeypatch, members, names):
+    """Record the mode each member's decoder is asked to read with."""
+    modes = {name: set() for name in names}
+    for name, member in zip(names, members):
+        step = member.decoder.step_with_location
+
+        def record(tokens, state, attention_mode="expectation", dense=True, _step=step, _name=name):
+            modes[_name].add(attention_mode)
+            return _step(tokens, state, attention_mode=attention_mode, dense=dense)
+
+        monkeypatch.setattr(member.decoder, "step_with_location", record)
+    return modes
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_members_that_read_differently_on_their_own_are_refused_until_a_mode_is_given(soft_and_hard, order):
+    """The soft model beside the hard one used to read as the first member does: with soft first, the hard
+    model read softly; with hard first, both read one cell. Now neither order decodes without a mode."""
+    members = [soft_and_hard[i] for i in order]
+    names = [("soft.pt", "hard.pt")[i] for i in order]
+    reads = "; ".join(f"{n}: {m}" for n, m in zip(names, [("expectation", "argmax")[i] for i in order]))
+    ensemble = CaptionerEnsemble(members, names=names)
+    grid = backbone_grid(members[0])
+    with pytest.raises(DecodeOptionError, match=re.escape(f"differently on their own ({reads})")):
+        ensemble.generate(grid, beam=2)
+    with pytest.raises(DecodeOptionError, match="attention_mode must be given"):
+        ensemble.generate(grid, ensemble.decode_options)  # the options themselves, passed back, are refused too
+
+
+@pytest.mark.parametrize("mode", ["expectation", "argmax", "sample"])
+def test_a_given_mode_is_every_members_read_and_the_order_changes_no_word(soft_and_hard, monkeypatch, mode):
+    soft, hard = soft_and_hard
+    grid = backbone_grid(soft)
+    words = []
+    for members, names in (([soft, hard], ["soft.pt", "hard.pt"]), ([hard, soft], ["hard.pt", "soft.pt"])):
+        modes = _recording(monkeypatch, members, names)
+        torch.manual_seed(0)
+        hyps = CaptionerEnsemble(members, names=names).generate(grid, beam=2, attention_mode=mode)
+        assert modes == {"soft.pt": {mode}, "hard.pt": {mode}}
+        words.append([h[0].tokens for h in hyps])
+        monkeypatch.undo()
+    if mode != "sample":  # sampled cells follow the random stream member by member
+        assert words[0] == words[1]
+
+
+def test_members_that_read_alike_need_no_mode(pair):
+    """A soft model beside a hard one whose config reads "expectation": each reads as on its own."""
+    soft = pair[0]
+    hard = smoke_model(4, backbone_of=soft, overrides=("model.attention.attention=hard",))
+    ensemble = CaptionerEnsemble([hard, soft])
+    assert type(ensemble.decode_options) is DecodeOptions and ensemble.decode_options.attention_mode == "expectation"
+    assert ensemble.generate(backbone_grid(soft), beam=2)[0][0].locations is None
+
+
+def test_argmax_beside_sample_is_refused_too(pair):
+    a = smoke_model(5, backbone_of=pair[0], overrides=HARD_ARGMAX)
+    b = smoke_model(6, backbone_of=pair[0], overrides=("model.attention.attention=hard", "eval.attention_mode=sample"))
+    ensemble = CaptionerEnsemble([a, b])
+    with pytest.raises(DecodeOptionError, match=r"\(member 0: argmax; member 1: sample\)"):
+        ensemble.generate(backbone_grid(a))
+    assert ensemble.decode_options.replace_given(attention_mode="sample") == DecodeOptions(
+        beam=2, attention_mode="sample", max_length=a.decode_options.max_length)  # chosen: plain options
+
+
+def test_a_soft_member_that_cannot_read_one_cell_is_refused_by_name(pair):
+    multi = smoke_model(7, backbone_of=pair[0], overrides=("model.attention.attention=multi_head",
+                                                           "model.attention.heads=2"))
+    hard = smoke_model(8, backbone_of=pair[0], overrides=HARD_ARGMAX)
+    ensemble = CaptionerEnsemble([hard, multi], names=["hard.pt", "multi.pt"])
+    with pytest.raises(ValueError, match=r"^multi.pt: attention mode 'argmax' reads one grid cell per word"):
+        ensemble.generate(backbone_grid(hard), attention_mode="argmax")
+
+
+@pytest.mark.parametrize("attention", ENSEMBLE_ATTENTIONS)
+def test_the_cells_reported_are_those_of_the_map_shown(pair, attention):
+    """In a one-cell mode the ensemble used to report the first member's cells even beside the mean map; the
+    cells now follow the map shown: the first member's reads, or the arg-max of the mean alpha."""
+    a = smoke_model(9, backbone_of=pair[0], overrides=HARD_ARGMAX)
+    b = smoke_model(10, backbone_of=pair[0], overrides=HARD_ARGMAX)
+    with torch.no_grad():  # random scorers of some strength: the two models look at other cells
+        for p in (*a.decoder.attention.parameters(), *b.decoder.attention.parameters()):
+            p.normal_(0.0, 1.0)
+    grid = backbone_grid(a, batch=4)
+    hyps = {shown: CaptionerEnsemble([a, b], attention=shown).generate(grid, beam=2) for shown in ENSEMBLE_ATTENTIONS}
+    for per_image in hyps[attention]:
+        best = per_image[0]
+        assert best.locations is not None and len(best.locations) == len(best.tokens)
+        assert list(best.locations) == best.alphas.argmax(dim=-1).tolist()  # hard argmax reads alpha's peak
+    first, mean = ([h[0].locations for h in hyps[shown]] for shown in ENSEMBLE_ATTENTIONS)
+    assert [h[0].tokens for h in hyps["first"]] == [h[0].tokens for h in hyps["mean"]]  # the same words
+    assert first != mean  # and, on these two models, other cells: the choice shows
+
+
+def test_caption_command_needs_a_mode_for_members_that_read_differently(smoke_checkpoint, tmp_path, capsys):
+    from captioner.cli import main
+
+    first = load_captioner(smoke_checkpoint, device="cpu")
+    hard = save_run(tmp_path / "hard", smoke_model(11, backbone_of=first, overrides=HARD_ARGMAX))
+    path = tmp_path / "0.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+    argv = ["caption", str(path), "--model", str(smoke_checkpoint), "--model", str(hard), "--device", "cpu"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert (f"argument --attention-mode: must be given: the ensemble's models read differently on their own "
+            f"({smoke_checkpoint}: expectation; {hard}: argmax)") in err
+    assert main([*argv, "--attention-mode", "argmax", "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["attention_mode"] == "argmax" and len(result["locations"]) == len(result["words"])
+    assert result["ensemble"]["cells"] == f"read by the first model ({smoke_checkpoint})"

@@ -206,6 +206,22 @@ def test_treebank_tokenizer_is_close_to_ptb_and_its_differences_are_named():
     assert treebank[0] == ["a man 's red t-shirt on the grass"]
 
 
+UNK_CAPTIONS = {"a": ["a man in a <unk> shirt", "<UNK> dog.", "a <unk> <unk> , on the grass"]}
+UNK_TOKENIZED = ["a man in a <unk> shirt", "<unk> dog", "a <unk> <unk> on the grass"]
+
+
+@pytest.mark.parametrize("tokenizer", ["treebank", "simple"])
+def test_the_fallback_tokenizers_keep_unk_one_token(tokenizer):
+    """Without Java, <unk> used to become "< unk >" (treebank) or "unk" (simple): three tokens where PTB gives
+    one, or a word no reference holds."""
+    assert metrics.tokenize_captions(UNK_CAPTIONS, tokenizer) == {"a": UNK_TOKENIZED}
+
+
+@pytest.mark.skipif(metrics.shutil.which("java") is None, reason="the PTB tokenizer needs Java")
+def test_ptb_keeps_unk_one_token_as_the_fallbacks_now_do():
+    assert metrics.tokenize_captions(UNK_CAPTIONS, "ptb") == {"a": UNK_TOKENIZED}
+
+
 def test_tokenizer_choice_follows_java(monkeypatch):
     monkeypatch.setattr(metrics.shutil, "which", lambda name: None)
     assert metrics.resolve_tokenizer("auto") == "treebank"

@@ -84,3 +84,56 @@ def test_snapshots_saved_by_two_versions_of_one_run_average(tmp_path):
                                           "vocab": {"words": ["<pad>", "<start>", "<end>", "<unk>"]}})
     out = average_checkpoints([tmp_path / "old.pt", tmp_path / "new.pt"])
     torch.testing.assert_close(out["model"]["w"], torch.ones(2))
+
+
+# --------------------------------------------------------------------------- a soft model's read, kept
+
+
+def _before_issue_35(attention: str, mode: str) -> dict:
+    """A config as versions before soft models could read one cell saved it: no train.scst.attention_mode (nor
+    the entropy_weight and xe_weight that came with it)."""
+    saved = config_to_dict(load_config("smoke", [f"model.attention.attention={attention}",
+                                                 f"eval.attention_mode={mode}"]))
+    for key in ("attention_mode", "entropy_weight", "xe_weight"):
+        del saved["train"]["scst"][key]
+    return saved
+
+
+@pytest.mark.parametrize("mode", ["argmax", "sample"])
+@pytest.mark.parametrize("attention", ["soft", "key_value", "multi_head"])
+def test_an_old_soft_model_that_decoded_softly_still_does(attention, mode):
+    """A soft ablation of a hard config (eval.attention_mode argmax) decoded softly when it was saved; today's
+    code reads one cell per word for a soft model asked to. Its config is read with the read it made."""
+    assert read_saved_config(_before_issue_35(attention, mode)).eval.attention_mode == "expectation"
+
+
+@pytest.mark.parametrize("attention, mode", [("hard", "argmax"), ("hard", "sample"), ("soft", "expectation")])
+def test_other_old_configs_keep_their_read(attention, mode):
+    assert read_saved_config(_before_issue_35(attention, mode)).eval.attention_mode == mode
+
+
+def test_a_soft_model_saved_since_one_cell_soft_reads_keeps_its_argmax():
+    """Saved by a version whose soft models read one cell when asked: that is how it decoded, and decodes."""
+    saved = config_to_dict(load_config("smoke", ["eval.attention_mode=argmax"]))
+    assert read_saved_config(saved).eval.attention_mode == "argmax"
+    no_scst = _before_issue_35("soft", "argmax")
+    del no_scst["train"]["scst"]  # a version older still, before SCST: old all the same
+    assert read_saved_config(no_scst).eval.attention_mode == "expectation"
+
+
+def test_an_old_soft_checkpoint_captions_as_it_did(tmp_path):
+    """Through load_captioner: the checkpoint's model decodes softly by default, as its version did; one cell
+    per word only when asked."""
+    from captioner.api import build_model, load_captioner
+    from captioner.data.vocab import Vocab
+
+    torch.manual_seed(0)
+    saved = _before_issue_35("soft", "argmax")
+    model = build_model(read_saved_config(saved), Vocab.build([["a", "red", "circle"]]))
+    save_checkpoint(tmp_path / "old.pt", {"model": model.state_dict(), "config": saved,
+                                          "vocab": model.vocab.to_dict(), "epoch": 1})
+    loaded = load_captioner(tmp_path / "old.pt", device="cpu")
+    assert loaded.decode_options.attention_mode == "expectation"
+    grid = loaded.prepare_grid(torch.randn(1, 4, loaded.encoder.backbone_dim))
+    assert loaded.generate(grid, beam=1)[0][0].locations is None
+    assert loaded.generate(grid, beam=1, attention_mode="argmax")[0][0].locations is not None

@@ -56,10 +56,14 @@ def _parser() -> argparse.ArgumentParser:
                              "checkpoint file, run directory or shipped model name (default: the shipped "
                              "Flickr8k model; see --list-models); given more than once, an ensemble of those "
                              "models (one vocabulary and encoder): the mean of their word log-probabilities "
-                             "at each step")
+                             "at each step, every model reading the same way: as each reads on its own "
+                             "(eval.attention_mode) when they agree; models that read differently on their own "
+                             "(a soft model beside a hard one reading argmax) need --attention-mode, and then all "
+                             "read that way")
     parser.add_argument("--ensemble-attention", choices=ENSEMBLE_ATTENTIONS, default=None,
-                        help="with several models, the attention the overlays and --json results show: the "
-                             "first model's or the mean of all (default: first)")
+                        help="with several models, the attention the overlays and --json results show, and the "
+                             "cells their one-cell reads (argmax, sample) report: the first model's map and read "
+                             "cells, or the mean of all maps and its arg-max cell (default: first)")
     parser.add_argument("--list-models", action="store_true", help="list the shipped pretrained models and exit")
     add_decode_flags(parser)  # --beam, --n-best (captions printed per image), --attention-mode, ..., --allow-unk
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")

@@ -33,10 +33,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="checkpoint file, run directory, model folder, hub model id (owner/name) or shipped "
                              "model name (e.g. flickr8k); several (--checkpoint A B, or the flag again): an "
                              "ensemble of those models (one vocabulary and encoder), the mean of their word "
-                             "log-probabilities at each step, the data and eval settings the first one's")
+                             "log-probabilities at each step, the data and eval settings the first one's; every "
+                             "model reads the same way: as each reads on its own (eval.attention_mode) when they "
+                             "agree; models that read differently on their own (a soft model beside a hard one "
+                             "reading argmax) need --attention-mode, and then all read that way")
     parser.add_argument("--ensemble-attention", choices=ENSEMBLE_ATTENTIONS, default=None,
-                        help="with several checkpoints, the attention the grounding and attention figures read: "
-                             "the first model's or the mean of all (default: first)")
+                        help="with several checkpoints, the attention the grounding and attention figures read, "
+                             "and the cells the one-cell figures (cells, movement, mirror columns) read: the first "
+                             "model's map and read cells, or the mean of all maps and its arg-max cell "
+                             "(default: first)")
     parser.add_argument("--split", default=None, choices=SPLITS,
                         help="default: the checkpoint's eval.split")
     add_decode_flags(parser, n_best=False, forbid_unk=False)  # --beam, --attention-mode, ..., --forbid-unk
@@ -101,15 +106,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["split"] = split
     if ensemble:
         result["ensemble"] = model.ensemble
-    if args.out:
-        write_text_atomic(args.out, json.dumps(result, indent=2))
-    if args.results_file:
-        from captioner.evaluation.results import write_results
+    try:
+        if args.out:
+            write_text_atomic(args.out, json.dumps(result, indent=2))
+        if args.results_file:
+            from captioner.evaluation.results import write_results
 
-        n = write_results(args.results_file, records, result["predictions"])
-        print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)
-    if args.json:
+            n = write_results(args.results_file, records, result["predictions"])
+            print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)
+    except OSError as err:  # a full disk (atomic.DiskFullError names the file and the free space), a bad path
+        write_error = err
+    else:
+        write_error = None
+    if args.json:  # the scores took the whole decode: printed even when a file could not be written
         print(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=2))
     else:
         print(format_table(result, split))
+    if write_error is not None:
+        print(f"captioner evaluate: {write_error}", file=sys.stderr)
+        return 1
     return 0

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from captioner.data.vocab import tokenize
+from captioner.data.vocab import UNK, tokenize
 
 CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
@@ -43,24 +44,46 @@ TOKENIZERS = ("ptb", "treebank", "simple")
 # It lower-cases first, so its upper-case bracket names never match: brackets survive as "-lrb-" etc.
 PTB_PUNCTUATION = frozenset({"''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":",
                              "-", "--", "...", ";"})
+# The unknown word as captions hold it (decoding keeps it: vocab.decode(keep_unk=True)); any case, as PTB lower-cases.
+UNK_TOKEN = re.compile(re.escape(UNK), re.IGNORECASE)
+
+
+def _keeping_unk(tokenize_part: Callable[[str], list[str]], text: str) -> str:
+    """``tokenize_part`` over the text between the <unk> tokens, each <unk> kept as one token "<unk>", as
+    coco-caption's PTB tokenizer keeps it: the fallbacks split it into "<", "unk", ">" (or dropped its brackets),
+    so a caption with <unk> had two or three more words, and one more unigram than PTB gives it."""
+    parts = UNK_TOKEN.split(text)
+    tokens = tokenize_part(parts[0])
+    for part in parts[1:]:
+        tokens += ["<unk>", *tokenize_part(part)]
+    return " ".join(tokens)
+
+
+def _simple_tokens(text: str) -> list[str]:
+    return [t for t in tokenize(text) if any(ch.isalnum() for ch in t)]
 
 
 def _normalise(text: str) -> str:
     """The "simple" tokenizer: the project's (captioner.data.vocab.tokenize) without punctuation
     tokens, space-joined. Used only when Java, and so coco-caption's PTB tokenizer, is absent; it
     lower-cases and drops punctuation as PTB does, but splits differently: "man's" stays one token
-    (PTB: "man 's") and "t-shirt" becomes two (PTB keeps "t-shirt")."""
-    return " ".join(t for t in tokenize(text) if any(ch.isalnum() for ch in t))
+    (PTB: "man 's") and "t-shirt" becomes two (PTB keeps "t-shirt"). <unk> stays one token, as in PTB."""
+    return _keeping_unk(_simple_tokens, text)
+
+
+def _treebank_tokens(text: str) -> list[str]:
+    from nltk.tokenize import TreebankWordTokenizer
+
+    tokens = TreebankWordTokenizer().tokenize(" ".join(text.split()), convert_parentheses=True)
+    return [t for t in (t.lower() for t in tokens) if t not in PTB_PUNCTUATION]
 
 
 def _treebank(text: str) -> str:
     """The "treebank" tokenizer: nltk's Penn Treebank word tokenizer (no downloaded data needed) on the
     lower-cased caption, with the punctuation PTB scoring drops removed. The fallback without Java:
-    it splits clitics ("man's" -> "man 's") and keeps hyphenated words ("t-shirt") as PTB does."""
-    from nltk.tokenize import TreebankWordTokenizer
-
-    tokens = TreebankWordTokenizer().tokenize(" ".join(text.split()), convert_parentheses=True)
-    return " ".join(t for t in (t.lower() for t in tokens) if t not in PTB_PUNCTUATION)
+    it splits clitics ("man's" -> "man 's") and keeps hyphenated words ("t-shirt") as PTB does, and <unk>
+    whole, as PTB does."""
+    return _keeping_unk(_treebank_tokens, text)
 
 
 def resolve_tokenizer(tokenizer: str = "auto") -> str:

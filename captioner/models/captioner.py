@@ -102,7 +102,11 @@ class Captioner(nn.Module):
         return self.prepare_grid(self.encoder.finish(rows))
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Images (B, 3, S, S) -> prepared grid (B, L, D), through the very path cached rows take in training."""
+        """Images (B, 3, S, S) -> prepared grid (B, L, D), through the very path cached rows take in training. A
+        fine-tuned backbone that cannot be split (a ``timm:`` one: ``encoder.splits`` is False) has no cached
+        rows: its images go through the whole backbone, as ``data.use_cache: false`` trains it."""
+        if not self.encoder.frozen and not self.encoder.splits:
+            return self.prepare_grid(self.encoder.backbone_features(images))
         return self.prepare_rows(self.encoder.cache_features(images))
 
     def grid_from(self, inputs: torch.Tensor, images: bool) -> torch.Tensor:

@@ -15,20 +15,31 @@ is encoded once up to there and each member then runs its own fine-tuned top blo
 grid refinement (``Captioner.prepare_rows``) on those rows. Snapshots of one fine-tuning run can so decode
 together. They also share the vocabulary's size and special ids; that the ids mean the same words is the
 application's check (``api.load_ensemble``, which knows the vocabularies and names the files). The overlays
-show one map per word: the first member's alpha_t, or the mean of the members' alphas (``ATTENTION_SHOWN``); in
-hard attention's one-cell modes each member reads its own cell and the ensemble reports the first member's.
+show one map per word: the first member's alpha_t, or the mean of the members' alphas (``ATTENTION_SHOWN``).
+
+How the members read, one rule whatever their order. Every member reads the same way at every step. When no
+attention mode is chosen, that is the way each member reads on its own (its config's ``eval.attention_mode``),
+which must then be the same for all: members that read differently on their own (a soft model's "expectation"
+beside a hard model's "argmax", or "argmax" beside "sample") are refused until a mode is given
+(``--attention-mode``; ``MixedReads``), and then every member reads that way (a soft member reads one cell only
+when its attention module can, else it is refused by name: ``check_decode_options``). In the one-cell modes
+each member reads its own cell; the cells the ensemble reports per word (``Hypothesis.locations``: the cells,
+movement and mirror figures) follow the map it shows (``CELLS_SHOWN``): the first member's read cells, or the
+arg-max of the mean alpha (a cell no member need have read).
 
 A pure module like the members: it knows neither the config nor the vocabulary.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from captioner.decoding.options import DecodeOptions
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
 from captioner.models.captioner import Captioner
 from captioner.names import ENSEMBLE_ATTENTIONS  # named below the command line, which offers them
 
@@ -44,15 +55,66 @@ ATTENTION_SHOWN: dict[str, Callable[[list[Tensor]], Tensor]] = {
 # The same choice in words, for outputs and overlays.
 ATTENTION_SHOWN_WORDS = {"first": "the first model's attention", "mean": "the mean of the models' attention"}
 
+# The cell an ensemble reports per word in the one-cell modes, from the map shown (N, L) and the members' read
+# cells, each (N,): the one the map shown is about.
+CELLS_SHOWN: dict[str, Callable[[Tensor, list[Tensor]], Tensor]] = {
+    "first": lambda alpha, cells: cells[0],
+    "mean": lambda alpha, cells: alpha.argmax(dim=-1),  # the mean map's peak: no member need have read it
+}
 
-def describe_ensemble(members: Sequence[str], attention: str) -> str:
-    """One line for outputs: which models (``members``: their names or files), which attention the maps show."""
-    return f"an ensemble of {len(members)} models ({', '.join(members)}) showing {ATTENTION_SHOWN_WORDS[attention]}"
+
+def cells_shown_words(attention: str, first: str) -> str:
+    """Whose cells an ensemble's one-cell figures are, in words (``first``: how the first member is named)."""
+    return {"first": f"read by the first model ({first})",
+            "mean": "at the arg-max of the mean of the models' attention"}[attention]
+
+
+def describe_ensemble(members: Sequence[str], attention: str, cells: str | None = None) -> str:
+    """One line for outputs: which models (``members``: their names or files), which attention the maps show and,
+    given, whose cells the one-cell figures are (``cells``, ``cells_shown_words``)."""
+    line = f"an ensemble of {len(members)} models ({', '.join(members)}) showing {ATTENTION_SHOWN_WORDS[attention]}"
+    return line + (f"; one-cell reads report the cells {cells}" if cells else "")
 
 
 def check_attention_shown(attention: str) -> None:
     if attention not in ATTENTION_SHOWN:
         raise ValueError(f"unknown ensemble attention {attention!r}; valid: {', '.join(ENSEMBLE_ATTENTIONS)}")
+
+
+class MixedReads(DecodeOptionError):
+    """The members read differently on their own and no attention mode was chosen (the module docstring)."""
+
+    def __init__(self, reads: Sequence[tuple[str, str]]) -> None:
+        listed = "; ".join(f"{name}: {mode}" for name, mode in reads)
+        super().__init__("attention_mode", f"must be given: the ensemble's models read differently on their own "
+                                           f"({listed}), and an ensemble reads one way (every model reads with "
+                                           f"the mode given: expectation, argmax or sample)")
+
+
+@dataclass(frozen=True)
+class UnchosenRead(DecodeOptions):
+    """An ensemble's own decoding options while its members read differently on their own (``reads``: each
+    member's name and eval.attention_mode): every setting but the read is the first member's, and the read must
+    be chosen. ``replace_given`` with an ``attention_mode`` gives plain DecodeOptions reading that way; without
+    one it raises ``MixedReads`` (a command's ``--attention-mode`` error), as decoding with these does."""
+
+    reads: tuple[tuple[str, str], ...] = ()
+
+    def replace_given(self, **settings: Any) -> DecodeOptions:
+        if settings.get("attention_mode") is None:
+            raise MixedReads(self.reads)
+        chosen = super().replace_given(**settings)
+        return DecodeOptions(**{f.name: getattr(chosen, f.name) for f in dataclasses.fields(DecodeOptions)})
+
+
+def ensemble_options(members: Sequence[Captioner], names: Sequence[str]) -> DecodeOptions:
+    """An ensemble's own decoding options: the first member's, reading as every member reads on its own, or
+    ``UnchosenRead`` when they read differently."""
+    first = members[0].decode_options
+    reads = tuple((name, m.decode_options.attention_mode) for name, m in zip(names, members))
+    if all(mode == first.attention_mode for _, mode in reads):
+        return first
+    return UnchosenRead(**{f.name: getattr(first, f.name) for f in dataclasses.fields(DecodeOptions)}, reads=reads)
 
 
 def member_mismatch(first: Captioner, other: Captioner) -> str | None:
@@ -109,9 +171,9 @@ class EnsembleSteps(nn.Module):
 
     def step_with_location(self, tokens: Tensor, state: State, attention_mode: str = "expectation",
                            dense: bool = True) -> tuple[Tensor, Tensor, Tensor | None, State]:
-        """One word for N rows: (the mean of the members' log-probs (N, V), the alpha shown (N, L), the first
-        member's read cell (N,) or None, new state). Always dense (``dense`` is accepted for the contract):
-        the mean needs every member's normalised log-probabilities."""
+        """One word for N rows, every member reading with ``attention_mode``: (the mean of the members' log-probs
+        (N, V), the alpha shown (N, L), the cell shown (N,) (CELLS_SHOWN) or None, new state). Always dense
+        (``dense`` is accepted for the contract): the mean needs every member's normalised log-probabilities."""
         log_probs, alphas, locations, states = [], [], [], []
         for member, member_state in zip(self.members, state):
             lp, alpha, location, member_state = member.decoder.step_with_location(
@@ -121,14 +183,17 @@ class EnsembleSteps(nn.Module):
             locations.append(location)
             states.append(member_state)
         mean = torch.stack(log_probs).mean(dim=0)  # (M, N, V) -> (N, V)
-        return mean, ATTENTION_SHOWN[self.attention](alphas), locations[0], tuple(states)
+        shown = ATTENTION_SHOWN[self.attention](alphas)  # (N, L)
+        cells = None if locations[0] is None else CELLS_SHOWN[self.attention](shown, locations)  # (N,)
+        return mean, shown, cells, tuple(states)
 
 
 class CaptionerEnsemble(Captioner):
     """Captioners with one backbone decoded together: a ``Captioner`` wherever decoding reads one
     (``generate``, ``encode``, ``grid_from``, ``check_decode_options``, ``transform``, ``grid_hw``), whose "prepared
     grid" is the shared cached rows (B, l, C): each member prepares its own inside ``generate``.
-    Decoding defaults (``decode_options``) are the first member's.
+    Decoding defaults (``decode_options``) are the first member's, and the read the one every member makes on its
+    own; when they differ the read must be chosen (``ensemble_options``, the module docstring).
 
     Args:
         members: two or more captioners (one is allowed: it decodes as itself, through dense log-probs).
@@ -144,13 +209,17 @@ class CaptionerEnsemble(Captioner):
         if len(names) != len(members):
             raise ValueError(f"{len(members)} members but {len(names)} names")
         first = members[0]
+        if not first.encoder.frozen and not first.encoder.splits:
+            raise ValueError(f"{names[0]}: its fine-tuned {first.encoder.name} backbone cannot be split below its "
+                             "trainable blocks, and an ensemble encodes each image once, up to what the feature "
+                             "cache would store: decode it alone")
         for name, member in zip(names[1:], members[1:]):
             reason = member_mismatch(first, member)
             if reason is not None:
                 raise ValueError(f"{name}: cannot join an ensemble with {names[0]}: {reason}")
         super().__init__(first.encoder, EnsembleSteps(members, attention), start_id=first.start_id,
                          end_id=first.end_id, pad_id=first.pad_id, unk_id=first.unk_id,
-                         attention_kind=first.attention_kind, decode_options=first.decode_options)
+                         attention_kind=first.attention_kind, decode_options=ensemble_options(members, names))
         self.names = names
 
     @property
@@ -169,7 +238,9 @@ class CaptionerEnsemble(Captioner):
 
     def check_decode_options(self, options: DecodeOptions) -> DecodeOptions:
         """``options`` once every member can decode with them, as each would alone (a member that cannot read
-        that way refuses, named)."""
+        that way refuses, named); options whose read is still to be chosen (``UnchosenRead``) are refused."""
+        if isinstance(options, UnchosenRead):
+            raise MixedReads(options.reads)
         for name, member in zip(self.names, self.members):
             try:
                 member.check_decode_options(options)

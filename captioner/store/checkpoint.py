@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from captioner.atomic import fsync_directory, temp_name
+from captioner.atomic import DiskFullError, disk_free, fsync_directory, is_disk_full, temp_name
 from captioner.store.rundir import RunDir
 from captioner.store.saved_config import upgrade_saved_config
 
@@ -62,6 +62,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be written, read or used; the message names the file or key."""
 
 
+class CheckpointDiskFullError(DiskFullError, CheckpointError):
+    """A checkpoint save that ran out of disk: the one full-disk error (atomic.DiskFullError, naming the file and
+    the free space), and still a CheckpointError for the callers that catch those."""
+
+
 # ---------------------------------------------------------------------------- saving
 
 
@@ -75,7 +80,8 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
 
     Raises:
         CheckpointError: the payload holds something `load_checkpoint` could not read
-            back (message names the key path), or the file cannot be written.
+            back (message names the key path), or the file cannot be written; a full disk is a
+            CheckpointDiskFullError (also an atomic.DiskFullError) naming the file and the free space.
     """
     path = Path(path)
     if not isinstance(payload, dict):
@@ -113,11 +119,14 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:  # also KeyboardInterrupt: never leave a half-written temp file on purpose
+        free = disk_free(directory) if is_disk_full(err) else None  # measured while the partial file is there
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
-        if isinstance(err, (OSError, RuntimeError)):  # ENOSPC, EIO, torch's stream writer failures
+        if is_disk_full(err):  # ENOSPC, or torch's zip writer's "unexpected pos" after a short write
+            raise CheckpointDiskFullError(path, free, err, action="save checkpoint") from err
+        if isinstance(err, (OSError, RuntimeError)):  # EIO, torch's other stream writer failures
             raise CheckpointError(f"cannot save checkpoint {path}: {err}") from err
         raise
     fsync_directory(directory)  # the rename itself durable: a power cut cannot lose the new entry
@@ -310,38 +319,52 @@ def _check_payload(payload: Any, path: Path) -> dict:
 # ------------------------------------------------------------------- compatibility
 
 
-def check_state_dict(checkpoint_state: Mapping[str, Any], model_state: Mapping[str, Any]) -> None:
+def check_state_dict(checkpoint_state: Mapping[str, Any], model_state: Mapping[str, Any],
+                     source: str | Path | None = None) -> None:
     """Raise CheckpointError naming every key that keeps `checkpoint_state` from loading
     into a model whose state_dict is `model_state`: missing keys, unexpected keys and
     shape mismatches such as
     "decoder.embedding.weight: checkpoint (10000, 512) vs model (9000, 512)".
+    Either side may hold shapes instead of tensors (a model built on the meta device, a file's header), so the
+    check can run before the model is built; `source` (the file) starts the message when given.
     """
-    missing = [k for k in model_state if k not in checkpoint_state]
-    unexpected = [k for k in checkpoint_state if k not in model_state]
+    problem = state_dict_mismatch(checkpoint_state, model_state)
+    if problem:
+        where = f"{source}: " if source is not None else ""
+        raise CheckpointError(f"{where}checkpoint weights do not fit this model (was it built with a different "
+                              f"config or vocabulary?); {problem}")
+
+
+def state_dict_mismatch(found: Mapping[str, Any], wanted: Mapping[str, Any], found_name: str = "checkpoint",
+                        wanted_name: str = "model") -> str | None:
+    """What keeps `found` (tensors or shapes by key) from loading where `wanted` is expected, or None: shape
+    mismatches ("KEY: checkpoint (a, b) vs model (c, d)"), keys missing from `found`, keys `wanted` lacks."""
+    missing = [k for k in wanted if k not in found]
+    unexpected = [k for k in found if k not in wanted]
     mismatched = []
-    for key, model_value in model_state.items():
-        if key not in checkpoint_state:
+    for key, wanted_value in wanted.items():
+        if key not in found:
             continue
-        ckpt_shape, model_shape = _shape(checkpoint_state[key]), _shape(model_value)
-        if ckpt_shape != model_shape:
-            mismatched.append(f"{key}: checkpoint {_fmt_shape(ckpt_shape)} vs model {_fmt_shape(model_shape)}")
-    if not (missing or unexpected or mismatched):
-        return
+        found_shape, wanted_shape = _shape(found[key]), _shape(wanted_value)
+        if found_shape != wanted_shape:
+            mismatched.append(f"{key}: {found_name} {_fmt_shape(found_shape)} vs {wanted_name} "
+                              f"{_fmt_shape(wanted_shape)}")
     parts = []
     if mismatched:
         parts.append(f"shape mismatch: {_listing(mismatched)}")
     if missing:
-        parts.append(f"missing from checkpoint: {_listing(missing)}")
+        parts.append(f"missing from {found_name}: {_listing(missing)}")
     if unexpected:
-        parts.append(f"not in model: {_listing(unexpected)}")
-    raise CheckpointError(
-        "checkpoint weights do not fit this model (was it built with a different config or "
-        "vocabulary?); " + "; ".join(parts)
-    )
+        parts.append(f"not in {wanted_name}: {_listing(unexpected)}")
+    return "; ".join(parts) or None
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (tuple, list, torch.Size)) and all(type(n) is int for n in value):
+        return tuple(value)
+    return None
 
 
 def _fmt_shape(shape: tuple[int, ...] | None) -> str:
@@ -390,6 +413,11 @@ def _words_of(vocab: Any, which: str) -> list[str]:
 # ------------------------------------------------------------------- averaging
 
 
+# Batch norm's step counter: it differs between epochs of a run whose fine-tuned batch norms update their
+# statistics, and is not a weight to average (average_checkpoints keeps the last file's).
+COUNTER_SUFFIX = "num_batches_tracked"
+
+
 def _model_section(payload: dict) -> Any:
     """A checkpoint's saved model section in the current format (two versions' snapshots compare equal)."""
     return upgrade_saved_config(payload["config"]).get("model")
@@ -400,10 +428,12 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     ``train.keep_epochs`` keeps), as a weights-only checkpoint payload with the last file's config, vocabulary
     and epoch, and ``averaged_from`` naming the files.
 
-    Floating-point tensors are averaged in float64 and stored in their own dtype; other tensors (counters such
-    as batch norm's ``num_batches_tracked``) must be equal in every file. Every file must hold the same tensors
-    (names and shapes), the same vocabulary and the same model section of the config; the error names the
-    file that differs.
+    Floating-point tensors are averaged in float64 and stored in their own dtype: the weights, and batch norm's
+    running statistics when fine-tuned blocks update them (``model.encoder.update_bn_stats``), as SWA-style
+    averaging does. Batch norm's counters (``num_batches_tracked``, COUNTER_SUFFIX) grow every step: the average
+    takes the last file's, how many batches the latest statistics have seen. Any other integer tensor must be
+    equal in every file. Every file must hold the same tensors (names and shapes), the same vocabulary and the
+    same model section of the config; the error names the file that differs.
     """
     if not paths:
         raise CheckpointError("checkpoint averaging needs at least one checkpoint")
@@ -425,6 +455,8 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
         for key, value in payload["model"].items():
             if value.is_floating_point():
                 sums[key] += value.double()
+            elif key.endswith(COUNTER_SUFFIX):
+                sums[key] = value  # a counter: the last file's
             elif not torch.equal(value, sums[key]):
                 raise CheckpointError(f"{path} cannot be averaged with {first_path}: the integer tensor {key!r} "
                                       "differs")

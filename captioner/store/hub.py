@@ -14,7 +14,8 @@ A model folder holds three files, the layout model hubs (huggingface.co) expect:
   block and keeps the text below it.
 
 ``save_model_folder`` writes one (``captioner export``, ``ImageCaptioner.save_pretrained``);
-``read_model_folder`` reads one's config, vocabulary and checked weights, and ``load_folder_weights`` puts
+``read_model_folder`` reads one's config, vocabulary and checked weights (their digest, and given the model's
+shapes, each tensor's shape from the file's header before any model is built), and ``load_folder_weights`` puts
 the weights into the model built from them. ``api.load_model_folder`` (the application layer, which builds
 models: this module sits below it and imports it not) joins the two, and so serves the shipped models
 (captioner/pretrained/NAME/), exported folders and models fetched from a hub: ``hub_model_folder("owner/name")``
@@ -30,7 +31,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import yaml
@@ -39,7 +40,7 @@ from torch import nn
 from captioner.atomic import atomic_path, write_text_atomic
 from captioner.config import Config, config_to_dict
 from captioner.data.vocab import Vocab
-from captioner.store.checkpoint import check_state_dict
+from captioner.store.checkpoint import check_state_dict, state_dict_mismatch
 from captioner.store.saved_config import read_saved_config
 from captioner.version import __version__
 
@@ -54,6 +55,8 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32}
 METRIC_TYPES = {"BLEU-1": "bleu", "BLEU-2": "bleu", "BLEU-3": "bleu", "BLEU-4": "bleu", "METEOR": "meteor",
                 "ROUGE-L": "rouge", "CIDEr-D": "cider"}
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
+# (config, vocab) -> the shapes of the state dict of the model they describe (api.model_shapes)
+ShapesOf = Callable[[Config, Vocab], Mapping[str, Sequence[int]]]
 
 
 class ModelFolderError(ValueError):
@@ -123,20 +126,22 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
     installed = bool(model.pretrained_backbone)
     tensors = {k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
                for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
-    weights = directory / WEIGHTS_FILE
-    with atomic_path(weights) as tmp:  # a reader never meets half a file (config.json names its SHA-256)
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "name": name})
     cfg = config_to_dict(model.config)
     cfg["model"]["encoder"]["pretrained"] = installed  # True: the backbone comes from the installed weights
-    meta = {
-        "format": FORMAT, "version": VERSION, "name": name, "library_name": "captioner", "dtype": dtype,
-        "weights_sha256": sha256_of(weights), "weights_bytes": weights.stat().st_size,
-        "parameters": sum(v.numel() for v in tensors.values()), "fingerprint": _fingerprint(model, tensors),
-        "attention": model.attention_kind, "dataset": dataset or dataset_name(model.config.data),
-        "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
-        "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
-    }
-    write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
+    # A reader never meets half a file, and a failed export (a full disk: atomic.DiskFullError) leaves the folder
+    # as it was: config.json, which names the weights' SHA-256, is written from the weights' temp file before that
+    # file replaces model.safetensors, so a failure at either file removes the new weights too.
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "name": name})
+        meta = {
+            "format": FORMAT, "version": VERSION, "name": name, "library_name": "captioner", "dtype": dtype,
+            "weights_sha256": sha256_of(tmp), "weights_bytes": tmp.stat().st_size,
+            "parameters": sum(v.numel() for v in tensors.values()), "fingerprint": _fingerprint(model, tensors),
+            "attention": model.attention_kind, "dataset": dataset or dataset_name(model.config.data),
+            "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
+            "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
+        }
+        write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
     write_card(directory / CARD_FILE, meta)
     return directory
 
@@ -249,11 +254,8 @@ def read_model_config(directory: Path) -> dict:
     return meta
 
 
-def _load_weights(directory: Path, meta: dict) -> dict[str, torch.Tensor]:
+def _checked_weights(directory: Path, meta: dict) -> Path:
     """model.safetensors, refused by name unless its SHA-256 is the one config.json records."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise ModelFolderError(f"{weights}: missing (a model folder holds {WEIGHTS_FILE} beside {CONFIG_FILE})")
@@ -262,24 +264,58 @@ def _load_weights(directory: Path, meta: dict) -> dict[str, torch.Tensor]:
         raise ModelFolderError(f"{weights}: SHA-256 {digest[:16]}... differs from the {meta['weights_sha256'][:16]}... "
                                f"that {CONFIG_FILE} records: a truncated, damaged or replaced file; fetch or export "
                                f"it again")
+    return weights
+
+
+def weights_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a safetensors file, from its header alone (no tensor is read)."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        return load_file(str(weights))
+        with safe_open(str(weights), framework="pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     except (SafetensorError, OSError) as err:
         raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
 
 
-def read_model_folder(directory: str | Path) -> tuple[Config, Vocab, dict[str, torch.Tensor], dict]:
+def _check_shapes(weights: Path, cfg: Config, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Refuse, naming the file, the tensor and both shapes, a weights file that does not fit the model config.json
+    describes (``shapes``: its state dict's shapes, from a build on the meta device): checked before that model
+    is built, so a config that asks for a model far larger than its weights fails here, allocating nothing."""
+    expected = {k: tuple(v) for k, v in shapes.items()
+                if not (cfg.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
+    problem = state_dict_mismatch(weights_shapes(weights), expected, "file", f"{CONFIG_FILE}'s model")
+    if problem:
+        raise ModelFolderError(f"{weights}: its tensors do not fit the model {weights.parent / CONFIG_FILE} "
+                               f"describes (a config.json edited or from another model?); {problem}")
+
+
+def read_model_folder(directory: str | Path, expected_shapes: ShapesOf | None = None
+                      ) -> tuple[Config, Vocab, dict[str, torch.Tensor], dict]:
     """What rebuilds the captioner in a model folder: its config, its vocabulary, its weights (the file must
     have the SHA-256 config.json records) and config.json itself. ``api.build_model(config, vocab)`` builds the
-    model, and ``load_folder_weights`` fills it."""
+    model, and ``load_folder_weights`` fills it.
+
+    ``expected_shapes(config, vocab)``, when given, says the state dict's shapes of the model the config
+    describes (``api.model_shapes``: built on the meta device); the file's tensors, read from its header, must
+    have them before any tensor is loaded (else a ModelFolderError names the file, the tensor and both shapes)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     directory = Path(directory)
     meta = read_model_config(directory)
-    tensors = _load_weights(directory, meta)
     try:
         cfg = read_saved_config(meta["config"])
         vocab = Vocab.from_dict(meta["vocab"])
     except (ValueError, TypeError, KeyError) as err:
         raise ModelFolderError(f"{directory / CONFIG_FILE}: invalid config or vocabulary ({err})") from None
+    weights = _checked_weights(directory, meta)
+    if expected_shapes is not None:
+        _check_shapes(weights, cfg, expected_shapes(cfg, vocab))
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError) as err:
+        raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
     return cfg, vocab, tensors, meta
 
 

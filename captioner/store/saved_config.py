@@ -9,6 +9,15 @@ versions saved differs in two ways, both upgraded here and nowhere else:
 - ``model.decoder`` held the keys of every decoder family in one section, each family's unread ones at their
   defaults. A key another family owns, at that family's default, is dropped; any other value is kept, and the
   config refuses it as the unknown key it is, naming the file.
+
+And one upgrade keeps how a model decodes: before soft models could read one cell per word (issue 35: "hard
+attention from soft", commit ffa4944), a soft model (any attention but ``hard``) whose ``eval.attention_mode`` was
+``argmax`` or ``sample`` (a soft ablation of a hard config, ``--set model.attention.attention=soft``) ignored
+it and decoded softly; today's code would read one cell per word. Such a config is read with
+``eval.attention_mode: expectation``, the read that version made (``--attention-mode argmax`` still asks for
+one cell). What marks a config saved before that change: its ``train.scst`` section has no ``attention_mode``,
+the key that change added (every saved config holds every key of the version that saved it; one without a
+``train`` section is not a saved config and is left as it is).
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ import yaml
 from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data
 from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, family_config
 
+# The decoding reads of one grid cell per word (models/attention.py's ONE_CELL_MODES less training's gumbel; this
+# module stays torch-free, as the config is).
+ONE_CELL_READS = ("argmax", "sample")
+
 
 def upgrade_saved_config(data: Any) -> Any:
     """``data`` (a saved config as a nested dict) in the current format. It never raises: what it cannot
@@ -34,6 +47,7 @@ def upgrade_saved_config(data: Any) -> Any:
     attention = data["model"].get("attention")
     if isinstance(attention, dict) and "kind" in attention and "attention" not in attention:
         attention["attention"] = attention.pop("kind")
+    _keep_soft_reads_soft(data)
     decoder = data["model"].get("decoder")
     if not isinstance(decoder, dict):
         return data
@@ -45,6 +59,25 @@ def upgrade_saved_config(data: Any) -> Any:
         if any(decoder[key] == default for default in _defaults_elsewhere(key)):
             del decoder[key]
     return data
+
+
+def saved_before_one_cell_soft_reads(data: dict) -> bool:
+    """Whether a saved config (a nested dict) was written before soft models could read one cell per word:
+    its train section lacks train.scst.attention_mode, which the same change added (module docstring)."""
+    train = data.get("train")
+    if not isinstance(train, dict):
+        return False  # not a whole saved config: nothing to tell its version by
+    scst = train.get("scst")
+    return not (isinstance(scst, dict) and "attention_mode" in scst)
+
+
+def _keep_soft_reads_soft(data: dict) -> None:
+    """A soft model saved before one-cell soft reads decoded softly whatever eval.attention_mode said: say so."""
+    attention, evaluation = data["model"].get("attention"), data.get("eval")
+    kind = attention.get("attention", "soft") if isinstance(attention, dict) else "soft"
+    if (isinstance(evaluation, dict) and evaluation.get("attention_mode") in ONE_CELL_READS and kind != "hard"
+            and saved_before_one_cell_soft_reads(data)):
+        evaluation["attention_mode"] = "expectation"
 
 
 def _defaults_elsewhere(key: str) -> list[Any]:
