@@ -109,6 +109,7 @@ class Family:
     doc: Path
     plots: Path
     extra_sets: tuple[str, ...] = ()
+    scoring: str = "full"  # full: PTB tokenizer and METEOR (Java), as reported; quick: neither (the tests)
     python: str = sys.executable
     log: Any = field(default=None, repr=False)
 
@@ -173,8 +174,9 @@ def evaluate_row(family: Family, row: Row) -> dict:
     """`captioner evaluate` of the row's best.pt on val, beam 3, PTB, with the mirror check."""
     run_dir = family.run_dir(row)
     out = run_dir / "family-eval.json"
+    scoring = ["--tokenizer", "ptb"] if family.scoring == "full" else ["--tokenizer", "simple", "--no-meteor"]
     cmd = _command(family, "evaluate", "--checkpoint", str(run_dir / "best.pt"), "--split", "val", "--beam", "3",
-                   "--tokenizer", "ptb", "--mirror-check", "--json", "--out", str(out))
+                   *scoring, "--mirror-check", "--json", "--out", str(out))
     _run(cmd, run_dir / "family.log")
     return json.loads(out.read_text(encoding="utf-8"))
 
@@ -351,8 +353,10 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
     head = ("| row | BLEU-4 | METEOR | CIDEr-D | train captions/s | decode images/s | parameters | α max | α entropy "
             "| α max > 0.99 | cells / caption | cell changes | mirror: α / columns / stay | wall time |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    repo = family.doc.resolve().parent.parent  # the page sits in docs/: paths are shown from the checkout's root
+    shown = os.path.relpath(family.json_path.resolve(), repo)
     lines = [f"Budget: {family.epochs} epochs of Flickr8k's 30,000 training captions per row, "
-             f"`{family.config}` for everything the row does not set. Generated from `{family.json_path}`.", ""]
+             f"`{family.config}` for everything the row does not set. Generated from `{shown}`.", ""]
     for study, title in (("family", "The family"), ("width", "Dot against scaled dot, by key width")):
         chosen = [r for r in rows if r["study"] == study]
         if not chosen:
@@ -466,7 +470,7 @@ def pointer_table(lengths: Sequence[int] = (5, 10, 20), steps: int = 1500, eval_
 
 def _family(args: argparse.Namespace) -> Family:
     return Family(config=Path(args.config), runs=Path(args.runs), epochs=args.epochs, json_path=Path(args.json),
-                  doc=Path(args.doc), plots=Path(args.plots), extra_sets=tuple(args.set or ()))
+                  doc=Path(args.doc), plots=Path(args.plots), extra_sets=tuple(args.set or ()), scoring=args.scoring)
 
 
 def _rows(names: str | None) -> list[Row]:
@@ -490,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--doc", default="docs/attention-family.md")
     parser.add_argument("--plots", default="docs/attention-family")
     parser.add_argument("--fresh", action="store_true", help="delete the chosen rows' runs first")
+    parser.add_argument("--scoring", choices=("full", "quick"), default="full",
+                        help="full: PTB tokenizer and METEOR, as reported; quick: neither (the tests)")
     parser.add_argument("--repeats", type=int, default=5, help="speed: rounds of the rows taking turns")
     parser.add_argument("--pointer-steps", type=int, default=1500)
     parser.add_argument("--pointer-lengths", default="5,10,20")
