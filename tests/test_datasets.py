@@ -293,3 +293,103 @@ def test_grid_dataset_batched_fetch_matches_per_item(karpathy_root, preload_byte
     expected = collate_captions([ds[i] for i in range(3)])
     for name in ("inputs", "captions", "lengths", "indices"):
         assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+
+
+# ----------------------------------------------------------------------------- float16 rows to the device
+
+
+def _records(n: int, captions: int = 2) -> list:
+    from captioner.data.records import ImageRecord
+
+    words = ["a", "dog", "cat", "runs", "on", "grass", "red", "ball"]
+    return [ImageRecord(image_id=f"im{i}", path=Path(f"im{i}.jpg"),
+                        captions=[[words[(i + j + k) % 8] for k in range(2 + (i + j) % 4)] for j in range(captions)],
+                        raw=[f"caption {j}" for j in range(captions)]) for i in range(n)]
+
+
+def _random_cache(tmp_path: Path, records: list, L: int = 6, D: int = 5):
+    """A real FeatureCache (captioner/data/features.py) of random float16 rows, written by its own writer."""
+    from captioner.data.features import CacheWriter, FeatureCache
+
+    values = np.random.default_rng(0).standard_normal((len(records), L, D)).astype(np.float16)  # (N, L, D)
+    with CacheWriter(tmp_path / "cache", [r.image_id for r in records], {"name": "random"}, (2, 3), D) as w:
+        w.write(np.arange(len(records)), values)
+    return FeatureCache.open(tmp_path / "cache")
+
+
+def test_fp16_rows_widened_on_to_are_bit_identical_to_widening_on_the_cpu(tmp_path):
+    """The training loader's batches keep the cache's float16; CaptionBatch.to widens them to exactly the float32
+    tensor the CPU used to make (pad_batch(inputs.float(), ...)), so the model sees the same values."""
+    from captioner.training.inputs import epoch_loader
+
+    records = _records(9)
+    cache = _random_cache(tmp_path, records)
+    # one item per image: item i is record i, so each batch's indices name its items
+    ds = GridCaptionDataset(records, build_vocab(records), max_length=20, cache=cache, per_image=True,
+                            preload_bytes=0)
+    for batch in epoch_loader(ds, 4, epoch=0, seed=0, rank=0, world=1, shuffle=True, num_workers=0,
+                              pin_memory=False):
+        assert batch.inputs.dtype == torch.float16  # (B, L, D), as cached
+        moved = batch.to("cpu")
+        before = collate_captions(ds.__getitems__(batch.indices.tolist()))  # the default collate widens on the CPU
+        cpu_widened = torch.from_numpy(cache.get_batch([records[i].image_id for i in batch.indices.tolist()])).float()
+        assert moved.inputs.dtype == torch.float32
+        assert torch.equal(moved.inputs, before.inputs) and torch.equal(moved.inputs, cpu_widened)
+        assert torch.equal(moved.captions, before.captions) and torch.equal(moved.lengths, before.lengths)
+
+
+def test_caption_batch_pin_memory_preserves_values():
+    batch = collate_captions([(torch.randn(3, 2).half(), torch.tensor([1, 5, 2]), 4)], widen=False)
+    assert callable(getattr(batch, "pin_memory", None))  # DataLoader(pin_memory=True) calls it on custom types
+    try:
+        pinned = batch.pin_memory()
+    except RuntimeError as err:  # pinning needs an accelerator's driver
+        pytest.skip(f"torch cannot pin memory here: {err}")
+    assert isinstance(pinned, type(batch)) and pinned.inputs.is_pinned() and pinned.captions.is_pinned()
+    for name in ("inputs", "captions", "lengths", "indices"):
+        assert torch.equal(getattr(pinned, name), getattr(batch, name)), name
+    assert pinned.inputs.dtype == torch.float16
+
+
+@pytest.mark.gpu
+def test_the_training_loader_pins_its_batches_and_to_widens_on_the_gpu(tmp_path):
+    from captioner.training.inputs import epoch_loader
+
+    records = _records(6)
+    ds = GridCaptionDataset(records, build_vocab(records), max_length=20, cache=_random_cache(tmp_path, records),
+                            preload_bytes=0)
+    for batch in epoch_loader(ds, 4, epoch=0, seed=0, rank=0, world=1, shuffle=True, num_workers=2,
+                              pin_memory=True):
+        assert batch.inputs.is_pinned() and batch.inputs.dtype == torch.float16
+        moved = batch.to("cuda")
+        assert moved.inputs.dtype == torch.float32 and moved.inputs.is_cuda
+        assert torch.equal(moved.inputs.cpu(), batch.inputs.float())
+
+
+def test_grid_dataset_on_a_file_pickles_and_keeps_its_order_with_workers(tmp_path):
+    """Grids read from the file (not preloaded): the dataset pickles without the open file, and the training
+    loader gives the same batches in the same order with 0 and 2 workers, epoch after epoch."""
+    import pickle
+
+    from captioner.training.inputs import epoch_loader
+
+    records = _records(11, captions=3)
+    vocab = build_vocab(records)
+    cache = _random_cache(tmp_path, records)
+    ds = GridCaptionDataset(records, vocab, max_length=20, cache=cache, preload_bytes=0)
+    assert not ds.preloaded
+    assert GridCaptionDataset(records, vocab, max_length=20, cache=cache).preloaded  # 11 small rows fit in RAM
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.cache._fd is None and torch.equal(clone.__getitems__([3, 0]).inputs, ds.__getitems__([3, 0]).inputs)
+
+    def batches(workers: int, epoch: int) -> list:
+        return list(epoch_loader(ds, 4, epoch=epoch, seed=7, rank=0, world=1, shuffle=True, num_workers=workers,
+                                 pin_memory=False))
+
+    for epoch in (0, 1):
+        alone, with_workers = batches(0, epoch), batches(2, epoch)
+        assert len(alone) == len(with_workers) == 9
+        for a, b in zip(alone, with_workers):
+            for name in ("inputs", "captions", "lengths", "indices"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert not torch.equal(batches(0, 0)[0].indices, batches(0, 1)[0].indices)  # epochs differ

@@ -151,3 +151,28 @@ def test_evaluate_out_on_a_full_disk_prints_the_scores_and_the_reason(tmp_path, 
     assert json.loads(captured.out)["n_images"] == 2  # the scores of the whole decode are not lost
     assert f"captioner evaluate: cannot write {out}: the disk is full (1.2 kB free" in captured.err
     assert not out.exists()
+
+
+def test_the_feature_cache_reserves_its_blocks_and_names_a_full_disk(tmp_path, monkeypatch, free_1234):
+    """A memmap store into a sparse file on a full disk is a SIGBUS; the cache reserves its file's blocks first, so a
+    full disk is an error named before extraction writes a row."""
+    from captioner.data import features
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(DiskFullError, match=r"grids\.f16.*disk is full"):
+        features.CacheWriter(tmp_path / "cache", ["a", "b"], {"encoder": "x"}, (2, 2), 8)
+
+
+def test_the_feature_cache_file_is_allocated_not_sparse(tmp_path):
+    from captioner.data import features
+
+    writer = features.CacheWriter(tmp_path / "cache", ["a", "b", "c"], {"encoder": "x"}, (7, 7), 64)
+    with writer:
+        pass
+    grids = tmp_path / "cache" / features.GRIDS_FILE
+    assert grids.stat().st_size == 3 * 49 * 64 * 2
+    if hasattr(os, "posix_fallocate"):
+        assert grids.stat().st_blocks * 512 >= grids.stat().st_size  # every block on disk

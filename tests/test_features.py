@@ -126,8 +126,9 @@ def test_rows_written_but_not_committed_are_recomputed(tmp_path, encoder, monkey
         real_save(directory, done, failures)
 
     monkeypatch.setattr(feat, "_save_progress", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False)
+    with pytest.raises(KeyboardInterrupt):  # a commit per batch: the second commit dies
+        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                         commit_every=1)
     monkeypatch.setattr(feat, "_save_progress", real_save)
     partial = FeatureCache.open(tmp_path / "cache")
     assert len(partial) == 2 and "id2" not in partial  # batch 2 was written, never committed
@@ -246,3 +247,105 @@ def test_extract_command_skips_a_split_the_data_set_lacks_unless_named(tmp_path,
     assert "skipping split 'test'" in out and "2 grids cached" in out
     assert extract.main(argv + ["--splits", "train,test"]) == 1
     assert "split 'test' has no images" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- commits and reads
+
+
+def _progress_rows(directory: Path) -> int:
+    return json.loads((directory / "progress.json").read_text())["n_done"]
+
+
+def test_commits_every_n_batches_and_at_the_end(tmp_path, encoder, monkeypatch):
+    records = make_images(tmp_path / "images", 10)
+    real_save = feat._save_progress
+    committed: list[int] = []  # rows the progress file names, at each commit
+
+    def counted(directory, done, failures):
+        committed.append(int(done.sum()))
+        real_save(directory, done, failures)
+
+    monkeypatch.setattr(feat, "_save_progress", counted)
+    cache = extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                             commit_every=2)
+    assert committed == [4, 8, 10] and cache.complete  # after batches 2 and 4, then the fifth at the end
+    committed.clear()
+    extract_features(encoder, records, tmp_path / "cache", num_workers=0, progress=False)
+    assert committed == []  # nothing left to do: no commit
+    committed.clear()
+    extract_features(encoder, records, tmp_path / "timed", batch_size=2, num_workers=0, progress=False,
+                     commit_every=100, commit_seconds=0.0)
+    assert committed == [2, 4, 6, 8, 10]  # the clock's limit commits every batch here
+
+
+def test_a_kill_between_commits_resumes_from_the_last_commit(tmp_path, encoder, monkeypatch):
+    """Commits every 3 batches; the second commit dies (as a kill would): rows 0-5 are committed, rows 6-11 were
+    written but are not trusted, and the resumed run computes exactly those and matches an uninterrupted run."""
+    records = make_images(tmp_path / "images", 14)
+    straight = extract_features(encoder, records, tmp_path / "straight", batch_size=2, num_workers=0,
+                                progress=False)
+    real_save = feat._save_progress
+    saves = []
+
+    def die_at_second(directory, done, failures):
+        saves.append(int(done.sum()))
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        real_save(directory, done, failures)
+
+    monkeypatch.setattr(feat, "_save_progress", die_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                         commit_every=3)
+    assert saves == [6, 12]  # the dying commit was not retried on the way out
+    monkeypatch.setattr(feat, "_save_progress", real_save)
+    partial = FeatureCache.open(tmp_path / "cache")
+    assert len(partial) == 6 == _progress_rows(tmp_path / "cache") and "id6" not in partial
+    calls = count_calls(monkeypatch, encoder)
+    resumed = extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                               commit_every=3)
+    assert sum(calls) == 8 and resumed.complete
+    ids = [r.image_id for r in records]
+    np.testing.assert_array_equal(resumed.get_batch(ids), straight.get_batch(ids))
+
+
+def test_an_error_between_commits_keeps_the_rows_written(tmp_path, encoder, monkeypatch):
+    """An exception outside a commit (a failing batch, Ctrl-C) commits what was written before it stops."""
+    records = make_images(tmp_path / "images", 10)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_third(batch_index, n_done):
+        assert n_done == 2 * (batch_index + 1)  # written rows, committed or not
+        if batch_index == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0, progress=False,
+                         on_batch=crash_at_third, commit_every=50)
+    assert len(FeatureCache.open(tmp_path / "cache")) == 6 == _progress_rows(tmp_path / "cache")
+    calls = count_calls(monkeypatch, encoder)
+    assert extract_features(encoder, records, tmp_path / "cache", batch_size=2, num_workers=0,
+                            progress=False).complete
+    assert sum(calls) == 4
+
+
+def test_rows_are_read_with_pread_as_the_memmap_holds_them(tmp_path):
+    rng = np.random.default_rng(0)
+    ids = [f"id{i}" for i in range(7)]
+    grids = rng.standard_normal((7, 6, 5)).astype(np.float16)  # (N, L, D)
+    with feat.CacheWriter(tmp_path / "cache", ids, {"name": "random"}, (2, 3), 5) as writer:
+        writer.write(np.arange(7), grids)
+        writer.end_batch()
+    cache = FeatureCache.open(tmp_path / "cache")
+    order = ["id5", "id0", "id5", "id3"]  # any order, repeats included
+    batch = cache.get_batch(order)
+    assert batch.dtype == np.float16 and batch.shape == (4, 6, 5)
+    np.testing.assert_array_equal(batch, grids[[5, 0, 5, 3]])
+    np.testing.assert_array_equal(batch, cache.grids[[5, 0, 5, 3]])
+    np.testing.assert_array_equal(cache.get("id6"), grids[6])
+    assert cache.get_batch([]).shape == (0, 6, 5)
+    clone = pickle.loads(pickle.dumps(cache))  # into a worker: it opens the file itself
+    assert clone._fd is None and clone._grids is None
+    np.testing.assert_array_equal(clone.get_batch(order), batch)

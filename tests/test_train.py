@@ -14,8 +14,10 @@ import torch
 
 import captioner.training.loop as train_mod
 import captioner.training.validation as validation_mod
+from captioner.api import build_model
 from captioner.commands.train import main
 from captioner.config import load_config
+from captioner.data.datasets import build_vocab
 from captioner.data.vocab import Vocab
 from captioner.store.checkpoint import load_checkpoint
 from captioner.training.loop import TrainingError, train
@@ -215,7 +217,12 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
 @pytest.mark.slow
 def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     pytest.importorskip("captioner.evaluation.metrics")
-    # Same data root as the other tests, so the data and the feature cache already exist.
+    # Under torchrun an incomplete feature cache is refused (extraction on rank 0 would outlast the other ranks'
+    # wait), so the grids are extracted first, in one process, as docs/usage.md tells a researcher to.
+    extract = subprocess.run([sys.executable, "-m", "captioner", "extract", "--config", str(SMOKE), "--set",
+                              f"data.root={data_root}", "--device", "cpu", "--no-progress"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert extract.returncode == 0, extract.stderr[-3000:]
     run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
@@ -231,6 +238,37 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     # The cross-entropy falls (3.50, 3.16, 2.94); the total loss of hard attention also carries the
     # REINFORCE surrogate, which need not fall (6.97, 6.08, 7.08 since the decoder's fast paths).
     assert log[-1]["train_xe"] < log[0]["train_xe"] - 0.2
+
+
+def test_under_torchrun_an_incomplete_feature_cache_is_refused_on_every_rank(tmp_path):
+    from captioner.data.datasets import DataError, load_records
+    from captioner.training.inputs import open_feature_cache
+
+    cfg = _cfg(tmp_path / "data", tmp_path / "run")
+    model = build_model(cfg, build_vocab(load_records(cfg.data, "train")))
+    records = load_records(cfg.data, "train")
+    for rank in (0, 1):
+        with pytest.raises(DataError, match=r"incomplete.*run `captioner extract --config CONFIG` first"):
+            open_feature_cache(cfg, model, records, rank, world=2)
+    assert not any((tmp_path / "data").rglob("grids.f16"))  # nothing was extracted
+
+
+def test_only_rank_zero_holds_validation_data(data_root, tmp_path, monkeypatch):
+    from captioner.data.datasets import load_records
+    from captioner.training import inputs
+    from captioner.training.inputs import make_datasets, open_feature_cache
+
+    monkeypatch.setattr(inputs, "barrier", lambda world: None)  # one process plays rank 1 of 2, then rank 0
+
+    cfg = _cfg(data_root, tmp_path / "run")
+    train_records, val_records = load_records(cfg.data, "train"), load_records(cfg.data, "val")
+    vocab = build_vocab(train_records)
+    model = build_model(cfg, vocab)
+    open_feature_cache(cfg, model, train_records + val_records, 0, 1)  # extracted once, in one process
+    train_set, loss_set, decode_set = make_datasets(cfg, model, vocab, train_records, val_records, False, 1, 2)
+    assert len(train_set) > 0 and loss_set is None and decode_set is None
+    _, loss_set, decode_set = make_datasets(cfg, model, vocab, train_records, val_records, False, 0, 2)
+    assert len(decode_set) == len(val_records) and len(loss_set) > 0
 
 
 def test_finetuning_reads_images_and_trains_encoder_with_its_lr(data_root, tmp_path, fake_scores, monkeypatch):

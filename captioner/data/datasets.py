@@ -10,11 +10,17 @@ and Flickr8k's token file with its split lists. ``load_records`` dispatches on
 Datasets: every caption of every training image is one item (the paper's practice), served
 with either the cached encoder grid (frozen encoder: the fast path) or the transformed image
 (fine-tuning). ``collate_captions`` pads captions into (B, T) with their lengths.
+
+Cached grids stay float16 (as on disk) until they reach the device when the loader asks for it
+(``collate_captions(widen=False)``, the training loader's choice): half the bytes through the workers'
+shared memory, the pinned buffers and the bus; ``CaptionBatch.to`` widens them to float32 there, which is
+exact, so the model sees the same float32 values as when the CPU widened them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -397,14 +403,27 @@ def build_vocab(train_records: Iterable[ImageRecord], min_count: int = 1) -> Voc
 
 @dataclass
 class CaptionBatch:
-    inputs: torch.Tensor  # grids (B, L, D) float32, or images (B, 3, S, S)
+    inputs: torch.Tensor  # grids (B, L, D), float16 as cached until to() or widened(); or images (B, 3, S, S)
     captions: torch.Tensor  # (B, T) long: <start> w1 .. wn <end> <pad> ...
     lengths: torch.Tensor  # (B,) long: n + 2
     indices: torch.Tensor  # (B,) long: record index of each item
 
     def to(self, device: torch.device | str) -> "CaptionBatch":
-        return CaptionBatch(self.inputs.to(device, non_blocking=True), self.captions.to(device, non_blocking=True),
+        """The batch on ``device``, inputs float32: float16 rows cross at half the bytes and are widened there
+        (exactly: every float16 is a float32). ``indices`` stay on the CPU (they index records)."""
+        return CaptionBatch(self.inputs.to(device, non_blocking=True).float(),
+                            self.captions.to(device, non_blocking=True),
                             self.lengths.to(device, non_blocking=True), self.indices)
+
+    def widened(self) -> "CaptionBatch":
+        """The batch with float32 inputs, where it is (for readers that never call ``to``)."""
+        return self if self.inputs.dtype == torch.float32 else dataclasses.replace(self, inputs=self.inputs.float())
+
+    def pin_memory(self) -> "CaptionBatch":
+        """Page-locked copies, so ``to(cuda)``'s non_blocking copies overlap compute. DataLoader(pin_memory=True)
+        calls this on a batch type it does not know (its pin thread), as it calls Tensor.pin_memory."""
+        return CaptionBatch(self.inputs.pin_memory(), self.captions.pin_memory(), self.lengths.pin_memory(),
+                            self.indices.pin_memory())
 
 
 class CaptionDataset(Dataset):
@@ -438,7 +457,9 @@ class GridCaptionDataset(CaptionDataset):
     """Items served from a FeatureCache (captioner/data/features.py): grids (L, D), fp16 on disk.
 
     A batch is fetched in one gather (``__getitems__``, which DataLoader prefers to per-item calls),
-    from RAM when this split's grids fit in ``preload_bytes`` (read once), else from the memmap.
+    from RAM when this split's grids fit in ``preload_bytes`` (read once: ``preloaded``), else from the
+    file (``cache.get_batch``: a pread per row). Its rows stay float16 (``collate_captions`` widens them
+    unless told not to). The cache reopens its file in each DataLoader worker (it pickles without it).
     """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocab, max_length: int, cache: Any,
@@ -455,6 +476,11 @@ class GridCaptionDataset(CaptionDataset):
             if len(self.records) * L * D * 2 <= preload_bytes:
                 self.grids = torch.from_numpy(np.ascontiguousarray(cache.get_batch([r.image_id for r in self.records])))
 
+    @property
+    def preloaded(self) -> bool:
+        """Whether this split's grids are held in RAM (else every batch is read from the cache file)."""
+        return self.grids is not None
+
     def __getitems__(self, indices: Sequence[int]) -> "CaptionBatch":
         pairs = [self.items[i] for i in indices]
         rows = [i for i, _ in pairs]
@@ -462,7 +488,7 @@ class GridCaptionDataset(CaptionDataset):
             inputs = self.grids[torch.tensor(rows, dtype=torch.long)]  # (B, L, D) fp16
         else:
             inputs = torch.from_numpy(np.asarray(self.cache.get_batch([self.records[i].image_id for i in rows])))
-        return pad_batch(inputs.float(), [self.encoded[i][j] for i, j in pairs], rows)
+        return pad_batch(inputs, [self.encoded[i][j] for i, j in pairs], rows)  # inputs (B, L, D) fp16
 
 
 class ImageCaptionDataset(CaptionDataset):
@@ -504,12 +530,16 @@ def pad_batch(inputs: torch.Tensor, captions: list[list[int]], indices: list[int
 
 
 def collate_captions(items: "list[tuple[torch.Tensor, torch.Tensor, int]] | CaptionBatch",
-                     pad_id: int = 0) -> CaptionBatch:
+                     pad_id: int = 0, widen: bool = True) -> CaptionBatch:
     """Stack inputs and pad captions to the longest in the batch: (B, T) with lengths (B,).
 
-    A CaptionBatch (what ``GridCaptionDataset.__getitems__`` already assembled) passes through.
+    A CaptionBatch (what ``GridCaptionDataset.__getitems__`` already assembled) passes through. ``widen``:
+    float16 cached rows become float32 here, for readers that use ``batch.inputs`` as they come; False keeps
+    them float16 for a reader that moves the batch with ``CaptionBatch.to``, which widens on the device.
     """
     if isinstance(items, CaptionBatch):
-        return items
-    inputs = torch.stack([x for x, _, _ in items]).float()  # (B, L, D) or (B, 3, S, S); fp16 cache -> fp32
-    return pad_batch(inputs, [c for _, c, _ in items], [i for _, _, i in items], pad_id=pad_id)
+        batch = items
+    else:
+        inputs = torch.stack([x for x, _, _ in items])  # (B, L, D) fp16 cached rows, or (B, 3, S, S) images
+        batch = pad_batch(inputs, [c for _, c, _ in items], [i for _, _, i in items], pad_id=pad_id)
+    return batch.widened() if widen else batch

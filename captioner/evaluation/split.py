@@ -98,11 +98,12 @@ def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: An
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         if cache is not None:
-            inputs = torch.from_numpy(cache.get_batch([r.image_id for r in batch])).float()  # (B, L, D_backbone)
+            inputs = torch.from_numpy(cache.get_batch([r.image_id for r in batch]))  # (B, L, D_backbone) fp16
         else:  # a mirrored copy (data.datasets.mirrored_records) is flipped after the transform, as in training
             inputs = torch.stack([_flipped(model.transform(image(r)), getattr(r, "mirrored", False))
                                   for r in batch])  # (B, 3, S, S)
-        yield batch, model.grid_from(inputs.to(model.device), images=cache is None)
+        # cached rows cross to the device as float16 and are widened there (exact: the same float32 values)
+        yield batch, model.grid_from(inputs.to(model.device).float(), images=cache is None)
         bar.update(len(batch))
 
 

@@ -8,6 +8,7 @@ extracted here once by rank 0 when the cache is incomplete. The order of every e
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -43,11 +44,17 @@ def load_split_records(cfg: Config, split: str, rank: int, world: int) -> list[I
 
 
 def open_feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord], rank: int, world: int) -> Any:
-    """Open the feature cache of this encoder, extracting it first when incomplete (rank 0 only)."""
+    """Open the feature cache of this encoder, extracting it first when incomplete; under torchrun an incomplete
+    cache is refused instead (`captioner extract` first)."""
     from captioner.data.features import FeatureCache, cache_dir_for, extract_features, open_complete_cache
 
     fingerprint = model.encoder.cache_fingerprint()
     directory = cache_dir_for(cfg.data, fingerprint)
+    if world > 1 and open_complete_cache(directory, records, fingerprint) is None:
+        # every rank sees the same files, so every rank refuses: none is left waiting at a collective
+        raise DataError(f"{directory}: the feature cache of this encoder is incomplete for these {len(records)} "
+                        "images; under torchrun run `captioner extract --config CONFIG` first, in one process "
+                        "(extracting on rank 0 would outlast the other ranks' wait at the process group)")
     if rank == 0 and open_complete_cache(directory, records, fingerprint) is None:
         log.info("extracting encoder grids for %d images into %s", len(records), directory)
         extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
@@ -69,8 +76,9 @@ def _drop_uncached(records: list[ImageRecord], cache: Any, split: str) -> list[I
 
 def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: list[ImageRecord],
                   val_records: list[ImageRecord], from_images: bool, rank: int, world: int
-                  ) -> tuple[CaptionDataset, CaptionDataset, CaptionDataset]:
-    """(train per caption, or per image for SCST; val per caption for the loss; val per image for decoding)."""
+                  ) -> tuple[CaptionDataset, CaptionDataset | None, CaptionDataset | None]:
+    """(train per caption, or per image for SCST; val per caption for the loss; val per image for decoding). Only
+    rank 0 validates, so the other ranks get no validation sets (None): they neither read nor hold those grids."""
     max_length = cfg.data.max_length
     if from_images:
         def make(records, per_image):
@@ -78,7 +86,8 @@ def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: li
     else:
         cache = open_feature_cache(cfg, model, train_records + val_records, rank, world)
         train_records = _drop_uncached(train_records, cache, "train")
-        val_records = _drop_uncached(val_records, cache, "val")
+        if rank == 0:
+            val_records = _drop_uncached(val_records, cache, "val")
 
         def make(records, per_image):
             return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
@@ -86,12 +95,16 @@ def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: li
     if train_set.n_truncated:
         log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
                  train_set.n_truncated, len(train_set), max_length)
+    if rank != 0:
+        return train_set, None, None
     return train_set, make(val_records, False), make(val_records, True)
 
 
 def epoch_loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int, rank: int, world: int,
                  shuffle: bool, num_workers: int, pin_memory: bool) -> DataLoader:
-    """The order of epoch ``epoch`` depends only on (seed, epoch): what makes resume exact."""
+    """The order of epoch ``epoch`` depends only on (seed, epoch): what makes resume exact, with workers or
+    without (they return batches in the sampler's order). Its batches hold cached grids as float16: read them
+    through ``CaptionBatch.to(device)``, which widens them to float32 on the device."""
     generator = torch.Generator().manual_seed(seed + epoch)
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
@@ -101,6 +114,7 @@ def epoch_loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int
     else:
         sampler = None
     # generator= also feeds the loader's worker base seed, which would otherwise draw on the global RNG.
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate_captions,
-                      num_workers=num_workers, pin_memory=pin_memory, generator=generator,
-                      persistent_workers=False)
+    # Cached rows stay float16 to the device: the loop moves each batch with CaptionBatch.to, which widens there.
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
+                      collate_fn=functools.partial(collate_captions, widen=False), num_workers=num_workers,
+                      pin_memory=pin_memory, generator=generator, persistent_workers=False)
