@@ -1,7 +1,10 @@
 """The searches' read of raw logits (``Logits``): each row's k best words and their log-probabilities without
 forming the (N, V) log-softmax, with the fused C kernel where it applies (captioner/kernels) and the PyTorch
 code it is tested against; ``_row_topk``, an exact top-k for wide rows. A decoder step hands a ``Logits`` to the
-search instead of dense log-probabilities (contract.CaptionDecoder.step_with_location, ``dense=False``)."""
+search instead of dense log-probabilities (contract.CaptionDecoder.step_with_location, ``dense=False``).
+What a search bans: ``BannedIds``, the ids banned in every row, whose index tensor is built once per device, not at
+every step (on an accelerator ``torch.tensor(ids, device=...)`` is a host-to-device copy that waits for the device);
+``_RowBans``, words banned in some rows only (the trigram rule, decoding/search.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,35 @@ import torch
 from torch import Tensor
 
 from captioner import fast_paths, kernels
+
+
+class BannedIds:
+    """Word ids banned in every row (a sequence of ints), with their index tensor made once per device: a search
+    bans the same ids at every step."""
+
+    def __init__(self, ids: Sequence[int] = ()) -> None:
+        self.ids = tuple(int(i) for i in ids)
+        self._index: dict[torch.device, Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def index(self, device: torch.device) -> Tensor:
+        """The ids as a long tensor (b,) on ``device``, built at the first request for that device."""
+        index = self._index.get(device)
+        if index is None:
+            index = self._index[device] = torch.tensor(self.ids, dtype=torch.long, device=device)
+        return index
+
+
+def ban_index(banned: "Sequence[int] | BannedIds", device: torch.device) -> Tensor:
+    """``banned`` as a long tensor on ``device``: BannedIds' own, made once; any other sequence, made now."""
+    if isinstance(banned, BannedIds):
+        return banned.index(device)
+    return torch.tensor(list(banned), dtype=torch.long, device=device)
 
 
 def _row_topk(x: Tensor, k: int, width: int = 128) -> tuple[Tensor, Tensor]:
@@ -64,7 +96,7 @@ class Logits:
         """The (N, V) float32 log-probabilities."""
         return torch.log_softmax(self._with_bias(), dim=1)
 
-    def best(self, k: int, banned: Sequence[int] = (), row_bans: Any = None) -> tuple[Tensor, Tensor]:
+    def best(self, k: int, banned: "Sequence[int] | BannedIds" = (), row_bans: Any = None) -> tuple[Tensor, Tensor]:
         """(log-probs (N, k), word ids (N, k)) of each row's k most probable words other than ``banned``
         (and, in each row, other than its ``row_bans``). Banned words still count in the normaliser, as
         when dense log-probs are masked after the log-softmax. Overwrites the logits (call once)."""
@@ -78,7 +110,7 @@ class Logits:
                 return read
         x = self._with_bias()  # (N, V)
         if banned:
-            ids = torch.tensor(list(banned), device=x.device)
+            ids = ban_index(banned, x.device)
             kept = x.index_select(1, ids)  # (N, b)
             x.index_fill_(1, ids, -math.inf)
         values, words = _row_topk(x, k)  # (N, k), best first
@@ -91,13 +123,13 @@ class Logits:
         self.logits = None  # consumed
         return values - (top + total.log()), words
 
-    def _best_without(self, k: int, banned: Sequence[int], row_bans: Any) -> tuple[Tensor, Tensor]:
+    def _best_without(self, k: int, banned: "Sequence[int] | BannedIds", row_bans: Any) -> tuple[Tensor, Tensor]:
         """best() with per-row bans: a row's k best allowed words lie among its k + (its bans) best words, so
         those are read (the fused read still serves) and the row's banned ones dropped."""
         V = self.logits.size(1)
         wide = k + row_bans.most
         if wide > V:  # fewer words than that: rank them all
-            values, words = row_bans.fill(_ban(self.dense(), list(banned)), in_place=True).topk(k, dim=1)
+            values, words = row_bans.fill(_ban(self.dense(), banned), in_place=True).topk(k, dim=1)
             self.logits = None
             return values, words
         values, words = self.best(wide, banned)  # (N, wide) each, best first
@@ -106,8 +138,52 @@ class Logits:
         return values[:, :k].contiguous(), words.gather(1, pos[:, :k])  # the callers view them as (B, K*K)
 
 
-def _ban(log_probs: Tensor, banned: list[int]) -> Tensor:
+def _ban(log_probs: Tensor, banned: "Sequence[int] | BannedIds") -> Tensor:
     """log_probs (N, V) with the `banned` ids at -inf; out of place: the caller's tensor is never modified."""
     if not banned:
         return log_probs
-    return log_probs.index_fill(1, torch.tensor(banned, device=log_probs.device), -math.inf)
+    return log_probs.index_fill(1, ban_index(banned, log_probs.device), -math.inf)
+
+
+class _RowBans:
+    """Words banned in some rows only, for one step: (row, id) pairs, sorted and distinct.
+
+    Made by ``repeats`` (the trigram rule); ``fill`` bans them in dense log-probs, ``hits`` finds them
+    among a row's candidate words (Logits.best reads a few more words per row and drops these).
+    """
+
+    def __init__(self, rows: Tensor, ids: Tensor, n_rows: int) -> None:
+        self.rows, self.ids = rows, ids  # (n,) each
+        counts = torch.bincount(rows, minlength=n_rows)  # (N,)
+        self.most = int(counts.max())  # the most words banned in one row
+        # (N, most): row r's banned ids, then -1 (no word id)
+        self.table = torch.full((n_rows, self.most), -1, dtype=torch.long, device=rows.device)
+        first = torch.cumsum(counts, 0) - counts  # (N,): each row's first pair
+        self.table[rows, torch.arange(rows.numel(), device=rows.device) - first[rows]] = ids
+
+    @classmethod
+    def repeats(cls, words: Tensor, live: Tensor, end_id: int) -> "_RowBans | None":
+        """The trigram rule's bans for the next word of each live row, or None when there are none.
+        words: (N, t) each row's words so far; live: (N,) bool, the rows still writing."""
+        N, t = words.shape
+        if t < 3:  # a trigram needs an earlier one and two words after its first
+            return None
+        # (N, t-2): position j holds an earlier (a, b) equal to the row's last two words, followed by words[j+2]
+        earlier = (words[:, :-2] == words[:, -2:-1]) & (words[:, 1:-1] == words[:, -1:]) & live[:, None]
+        earlier &= words[:, 2:] != end_id  # the way out is never banned
+        rows, pos = earlier.nonzero(as_tuple=True)  # (n,) each
+        if not rows.numel():
+            return None
+        pairs = torch.unique(torch.stack([rows, words[:, 2:][rows, pos]]), dim=1)  # (2, n'): sorted by row, then id
+        return cls(pairs[0], pairs[1], N)
+
+    def fill(self, log_probs: Tensor, in_place: bool = False) -> Tensor:
+        """log_probs (N, V) with each row's banned ids at -inf (out of place unless ``in_place``)."""
+        minus_inf = log_probs.new_full((), -math.inf)  # made on the device: no copy from the host
+        index = (self.rows.to(log_probs.device), self.ids.to(log_probs.device))
+        return log_probs.index_put_(index, minus_inf) if in_place else log_probs.index_put(index, minus_inf)
+
+    def hits(self, words: Tensor) -> Tensor:
+        """(N, k) bool: whether words[r, j] is banned in row r."""
+        table = self.table.to(words.device)
+        return (words[:, :, None] == table[:, None, :]).any(dim=2)  # (N, k, most) -> (N, k)

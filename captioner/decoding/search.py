@@ -40,6 +40,12 @@ Conventions shared by both searches:
   The row count alone tells the two apart (with K = 1 they coincide, and reordering is the identity).
 - The reference switch (captioner/fast_paths.py) makes every search read a step's `Logits` as dense
   log-probabilities (the plain top-k over log_softmax).
+- Host reads: on an accelerator every read of a device tensor on the host waits for all the work queued before
+  it. A greedy step makes one (whether every caption has ended); a beam step one copy of what its bookkeeping needs
+  (every row's score and flags, every image's bound: `_Beams._report`) and, on a step where beams finish, one copy
+  of their words, maps and cells (`_History.host_rows`), however many they are. The banned ids are built once per
+  search (`_StepBans`), not at every step. tests/test_decode_syncs.py counts them. (`block_trigrams`, off by
+  default, still reads the host a few times a step: its bans are found with nonzero/unique, logits._RowBans.)
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import torch
 from torch import Tensor
 
 from captioner import fast_paths
-from captioner.decoding.logits import Logits, _ban
+from captioner.decoding.logits import BannedIds, Logits, _ban, _RowBans
 from captioner.decoding.options import BEAM, DecodeOptions
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
@@ -101,9 +107,30 @@ def _check_state_rows(state: State, rows: int) -> None:
     map_state(state, check)
 
 
-def _banned(t: int, end_id: int, min_length: int, forbid_ids: tuple[int, ...]) -> list[int]:
-    """Ids masked at step t: `forbid_ids` always, <end> while fewer than min_length words exist."""
-    return list(forbid_ids) + ([end_id] if t < min_length else [])
+class _StepBans:
+    """The ids one search masks at each step: `forbid_ids` always, <end> too while fewer than min_length words
+    exist; each set's index tensor is built once per search (BannedIds), not at every step."""
+
+    def __init__(self, forbid_ids: Sequence[int], end_id: int, min_length: int) -> None:
+        self.always, self.early = BannedIds(forbid_ids), BannedIds((*forbid_ids, end_id))
+        self.min_length = min_length
+
+    def at(self, t: int) -> BannedIds:
+        return self.early if t < self.min_length else self.always
+
+
+def _to_host(*tensors: Tensor | None) -> list[Tensor | None]:
+    """The tensors (or None) on the CPU after one wait for the device, however many there are (each .cpu() would
+    wait on its own): CUDA copies into page-locked memory without waiting, then the stream is synchronised once."""
+    devices = {x.device for x in tensors if x is not None and x.device.type != "cpu"}
+    if not devices:
+        return list(tensors)
+    if any(d.type != "cuda" for d in devices):  # no stream to wait on: a blocking copy each
+        return [None if x is None else x.cpu() for x in tensors]
+    host = [None if x is None else x.to("cpu", non_blocking=True) for x in tensors]
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+    return host
 
 
 def _check_args(batch_size: int, max_length: int, min_length: int) -> None:
@@ -118,7 +145,7 @@ def _check_args(batch_size: int, max_length: int, min_length: int) -> None:
 PerWord = "tuple[Tensor | None, ...]"  # per-word tensors of one step, each (N, ...): (alpha, location)
 
 
-def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list[int]):
+def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: "BannedIds | Sequence[int]"):
     """One step call; returns float32 log-probs (rows, V) with the `banned` ids at -inf (or the step's Logits as
     they are: their reader bans), the per-word tensors as a tuple (alpha, and the read location when the step
     function gives one) or None, and the state."""
@@ -143,59 +170,14 @@ def _step(step_fn: StepFn, tokens: Tensor, state: State, rows: int, banned: list
     return _ban(log_probs.float(), banned), per_word, state
 
 
-class _RowBans:
-    """Words banned in some rows only, for one step: (row, id) pairs, sorted and distinct.
-
-    Made by ``repeats`` (the trigram rule); ``fill`` bans them in dense log-probs, ``hits`` finds them
-    among a row's candidate words (Logits.best reads a few more words per row and drops these).
-    """
-
-    def __init__(self, rows: Tensor, ids: Tensor, n_rows: int) -> None:
-        self.rows, self.ids = rows, ids  # (n,) each
-        counts = torch.bincount(rows, minlength=n_rows)  # (N,)
-        self.most = int(counts.max())  # the most words banned in one row
-        # (N, most): row r's banned ids, then -1 (no word id)
-        self.table = torch.full((n_rows, self.most), -1, dtype=torch.long, device=rows.device)
-        first = torch.cumsum(counts, 0) - counts  # (N,): each row's first pair
-        self.table[rows, torch.arange(rows.numel(), device=rows.device) - first[rows]] = ids
-
-    @classmethod
-    def repeats(cls, words: Tensor, live: Tensor, end_id: int) -> "_RowBans | None":
-        """The trigram rule's bans for the next word of each live row, or None when there are none.
-        words: (N, t) each row's words so far; live: (N,) bool, the rows still writing."""
-        N, t = words.shape
-        if t < 3:  # a trigram needs an earlier one and two words after its first
-            return None
-        # (N, t-2): position j holds an earlier (a, b) equal to the row's last two words, followed by words[j+2]
-        earlier = (words[:, :-2] == words[:, -2:-1]) & (words[:, 1:-1] == words[:, -1:]) & live[:, None]
-        earlier &= words[:, 2:] != end_id  # the way out is never banned
-        rows, pos = earlier.nonzero(as_tuple=True)  # (n,) each
-        if not rows.numel():
-            return None
-        pairs = torch.unique(torch.stack([rows, words[:, 2:][rows, pos]]), dim=1)  # (2, n'): sorted by row, then id
-        return cls(pairs[0], pairs[1], N)
-
-    def fill(self, log_probs: Tensor, in_place: bool = False) -> Tensor:
-        """log_probs (N, V) with each row's banned ids at -inf (out of place unless ``in_place``)."""
-        minus_inf = torch.tensor(-math.inf, dtype=log_probs.dtype, device=log_probs.device)
-        index = (self.rows.to(log_probs.device), self.ids.to(log_probs.device))
-        return log_probs.index_put_(index, minus_inf) if in_place else log_probs.index_put(index, minus_inf)
-
-    def hits(self, words: Tensor) -> Tensor:
-        """(N, k) bool: whether words[r, j] is banned in row r."""
-        table = self.table.to(words.device)
-        return (words[:, :, None] == table[:, None, :]).any(dim=2)  # (N, k, most) -> (N, k)
+HostRow = "tuple[list[int], Tensor | None, list[int] | None]"  # a row on the host: tokens, alphas (n, L), cells
 
 
-def _hypothesis(tokens: list[int], per_word: "list[Tensor | None] | None", score: float, finished: bool,
-                length_penalty: float) -> Hypothesis:
-    """The one place a Hypothesis is made. per_word: its words' per-word tensors ((len(tokens), ...) each,
-    on any device): alpha, then the read location when there is one."""
-    alphas = locations = None
-    if per_word is not None:
-        alphas = per_word[0].float().cpu().clone()  # (n, L): owns its memory, not a view of the batch's
-        if len(per_word) > 1 and per_word[1] is not None:
-            locations = per_word[1].long().cpu().tolist()
+def _hypothesis(row: HostRow, score: float, finished: bool, length_penalty: float) -> Hypothesis:
+    """The one place a Hypothesis is made, from a row already on the host (_History.host_rows)."""
+    tokens, alphas, locations = row
+    if alphas is not None:
+        alphas = alphas.clone()  # (n, L): owns its memory, not a view of the copied rows'
     return Hypothesis(tokens=tokens, score=score, finished=finished, alphas=alphas, locations=locations,
                       norm_score=normalise_score(score, len(tokens) + finished, length_penalty))
 
@@ -227,10 +209,25 @@ class _History:
         if self.per_word is not None:
             self.per_word = [None if x is None else x.index_select(0, rows) for x in self.per_word]
 
-    def row(self, r: int, n: int) -> tuple[list[int], "list[Tensor | None] | None"]:
-        """Row r's first n words and per-word slices."""
-        per_word = None if self.per_word is None else [None if x is None else x[r, :n] for x in self.per_word]
-        return self.words[r, :n].tolist(), per_word
+    def host_rows(self, index: Tensor | None, n: int, lengths: list[int] | None = None) -> list[HostRow]:
+        """The rows ``index`` (n', a tensor on the history's device; None: every row) copied to the host at once,
+        each as (its first n words, their alphas (n, L) float32, their read cells), or its first lengths[i]."""
+        def pick(x: Tensor | None) -> Tensor | None:  # (rows, t, ...) -> (n', n, ...)
+            if x is None:
+                return None
+            return (x if index is None else x.index_select(0, index))[:, :n]
+
+        alpha, location = (self.per_word + [None])[:2] if self.per_word is not None else (None, None)
+        words, alpha, location = _to_host(pick(self.words), pick(alpha), pick(location))
+        words = words.tolist()  # the host's reads of the copies: one each, not one per row
+        locations = location.long().tolist() if location is not None else None
+        alpha = alpha.float() if alpha is not None else None
+        rows = []
+        for i, tokens in enumerate(words):
+            m = n if lengths is None else lengths[i]
+            rows.append((tokens[:m], None if alpha is None else alpha[i, :m],
+                         None if locations is None else locations[i][:m]))
+        return rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,11 +261,11 @@ def greedy_search(
     """
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
-    B, forbid_ids = batch_size, tuple(forbid_ids)
+    B, bans = batch_size, _StepBans(forbid_ids, end_id, min_length)
     tokens = torch.full((B,), start_id, dtype=torch.long, device=_state_device(state))
     scores = lengths = finished = history = None
     for t in range(max_length):
-        banned = _banned(t, end_id, min_length, forbid_ids)
+        banned = bans.at(t)
         log_probs, per_word, state = _step(step_fn, tokens, state, B, banned)
         row_bans = _RowBans.repeats(history.words, ~finished, end_id) if block_trigrams and t else None
         if isinstance(log_probs, Logits):
@@ -289,12 +286,13 @@ def greedy_search(
         finished = finished | is_end
         history.append(word, per_word)
         tokens = word
-        if bool(finished.all()):
+        if bool(finished.all()):  # the step's one host read
             break
-    history.words = history.words.cpu()
-    scores_l, lengths_l, finished_l = scores.tolist(), lengths.tolist(), finished.tolist()
-    return [[_hypothesis(*history.row(b, lengths_l[b]), length_penalty=length_penalty, score=scores_l[b],
-                         finished=bool(finished_l[b]))] for b in range(B)]
+    scores_l, lengths_l, finished_l = torch.stack([scores.double(), lengths.double(), finished.double()]).tolist()
+    lengths_l = [int(n) for n in lengths_l]
+    rows = history.host_rows(None, history.words.size(1), lengths_l)
+    return [[_hypothesis(rows[b], length_penalty=length_penalty, score=scores_l[b], finished=bool(finished_l[b]))]
+            for b in range(B)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -339,11 +337,13 @@ def beam_search(
     if beam_size < 1 or n_best < 1:
         raise ValueError(f"beam_size and n_best must be >= 1, got beam_size={beam_size}, n_best={n_best}")
     _check_state_rows(state, batch_size)
-    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand, block_trigrams)
+    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand, max_length,
+                   block_trigrams)
+    bans = _StepBans(forbid_ids, end_id, min_length)
     for t in range(max_length):
-        log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, [])
-        beams.advance(log_probs, per_word, _banned(t, end_id, min_length, tuple(forbid_ids)), t)
-        if t + 1 < max_length and not beams.prune(t, max_length):
+        log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, ())
+        beams.advance(log_probs, per_word, bans.at(t), t)
+        if t + 1 < max_length and not beams.prune():
             break
     return beams.finish()
 
@@ -353,14 +353,16 @@ class _Beams:
     local image i), their scores, finished flags and histories, the decoder state, and per original
     image the pool of finished hypotheses and, once decided, its result.
 
-    advance() scores every (beam, word) candidate and keeps the K best per image; prune() retires the
-    images whose pool no live beam can still beat; finish() ranks what is left.
+    advance() scores every (beam, word) candidate and keeps the K best per image, then copies to the host, once,
+    what the step's bookkeeping reads (_report); prune() retires the images whose pool no live beam can still
+    beat; finish() ranks what is left.
     """
 
     def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
-                 n_best: int, expand: Callable[[State, int], State] | None, block_trigrams: bool = False) -> None:
+                 n_best: int, expand: Callable[[State, int], State] | None, max_length: int,
+                 block_trigrams: bool = False) -> None:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
-        self.block_trigrams = block_trigrams
+        self.max_length, self.block_trigrams = max_length, block_trigrams
         self.active = list(range(batch_size))  # original image index of each image still in the batch
         B = batch_size
         # The first step runs on the B unexpanded rows (self.steps == 0): the K beams of an image all start
@@ -371,6 +373,10 @@ class _Beams:
         self.tokens = torch.full((B,), start_id, dtype=torch.long, device=device)
         self.scores = torch.zeros(B * K, device=device)  # scores and finished: (B*K,), set by the first step
         self.finished = torch.zeros(B * K, dtype=torch.bool, device=device)
+        # the host's copy of the last step's (_report): per row its score and finished flag, per image its bound
+        self.host_scores: list[float] = []
+        self.host_finished: list[bool] = []
+        self.host_bound: list[float] = []
         self.history = _History(B * K, device)
         self.pools: list[list[Hypothesis]] = [[] for _ in range(batch_size)]  # finished, per original image
         self.results: list[list[Hypothesis] | None] = [None] * batch_size
@@ -393,7 +399,7 @@ class _Beams:
     def rows(self) -> int:
         return len(self.active) * (self.K if self.steps else 1)  # one row per image before the first step
 
-    def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: list[int], t: int) -> None:
+    def advance(self, log_probs: Tensor, per_word: "PerWord | None", banned: BannedIds, t: int) -> None:
         """Step t: the K best (beam, word) continuations per image by raw score; finished beams stay frozen."""
         dense = log_probs.logits if isinstance(log_probs, Logits) else log_probs
         B, K, N, V = len(self.active), self.K, self.rows, dense.size(1)
@@ -412,10 +418,10 @@ class _Beams:
         else:
             cand = self.scores[:, None] + log_probs  # (N, V): the only full-size pass besides top-k; ours to modify
             if banned:
-                cand.index_fill_(1, torch.tensor(banned, device=cand.device), -math.inf)
+                cand.index_fill_(1, banned.index(cand.device), -math.inf)
             if row_bans is not None:
                 row_bans.fill(cand, in_place=True)
-            if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
+            if any(self.host_finished):  # a finished beam's only continuation is <end> at +0 (known from _report)
                 cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
             top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
             parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
@@ -433,10 +439,9 @@ class _Beams:
     def _after(self, word: Tensor, newly: Tensor, t: int) -> None:
         self.tokens = word
         self.steps = t + 1
-        if bool(newly.any()):  # bookkeeping only on steps where some beam finishes
-            self._pool_finished(newly.nonzero().squeeze(1).tolist(), t)
+        self._report(newly, t)
 
-    def _first(self, log_probs: "Tensor | Logits", per_word: "PerWord | None", banned: list[int]) -> None:
+    def _first(self, log_probs: "Tensor | Logits", per_word: "PerWord | None", banned: BannedIds) -> None:
         """Step 0 from one row per image: its K best words start the K beams (as K identical rows would, of
         which only one may extend: the others would repeat its words)."""
         B, K = len(self.active), self.K
@@ -456,14 +461,14 @@ class _Beams:
         self._expand()
         self._after(word, newly, 0)
 
-    def _best_of_rows(self, step: Logits, banned: list[int], row_bans: "_RowBans | None"
+    def _best_of_rows(self, step: Logits, banned: BannedIds, row_bans: "_RowBans | None"
                       ) -> tuple[Tensor, Tensor, Tensor]:
         """advance()'s K best continuations per image from Logits: each row's K best words (Logits.best), then
         the K best of the image's K x K. Returns (top scores (B, K), parent (N,), word (N,))."""
         B, K, N = len(self.active), self.K, self.rows
         log_probs, words = step.best(K, banned, row_bans)  # (N, K) each
         cand = log_probs.add_(self.scores[:, None])  # (N, K)
-        if bool(self.finished.any()):  # a finished beam's only continuation is <end> at +0
+        if any(self.host_finished):  # a finished beam's only continuation is <end> at +0 (known from _report)
             frozen = torch.full_like(cand, -math.inf)
             frozen[:, 0] = self.scores
             cand = torch.where(self.finished[:, None], frozen, cand)
@@ -473,32 +478,54 @@ class _Beams:
         word = words.view(B, K * K).gather(1, top_idx).view(N)
         return top_scores, parent, word
 
-    def _pool_finished(self, rows: list[int], t: int) -> None:
-        """Copy the beams that emitted <end> at step t to their images' pools (t words, <end> not stored)."""
-        for row, score in zip(rows, self.scores[rows].tolist()):
+    def _report(self, newly: Tensor, t: int) -> None:
+        """The step's one host copy: every row's score and finished flag, whether it finished at this step, and
+        every image's bound (prune); the rows that finished then join their images' pools."""
+        N = self.rows
+        host = torch.cat([self.scores.double(), self.finished.double(), newly.double(), self._bound(t)]).tolist()
+        self.host_scores, self.host_bound = host[:N], host[3 * N:]
+        self.host_finished = [f != 0.0 for f in host[N:2 * N]]
+        rows = [r for r, f in enumerate(host[2 * N:3 * N]) if f != 0.0]
+        if rows:
+            # (n,): the rows that finished, ascending, found on the device (no index copied from the host)
+            index = torch.argsort((~newly).to(torch.uint8), stable=True)[:len(rows)]
+            self._pool_finished(rows, index, t)
+
+    def _bound(self, t: int) -> Tensor:
+        """(B,) float64: the best norm_score a live beam of each image can still reach after step t (-inf when
+        none lives): continuations only lower the score (log-probs <= 0), so s / L**lp is maximal at an extreme
+        length. float64 so that the comparison with the pools' (Python float) scores is not rounded."""
+        B, K = len(self.active), self.K
+        live = ~self.finished & torch.isfinite(self.scores)
+        lo, hi = float(t + 1), float(self.max_length + 1)
+        s64 = self.scores.double()
+        bound = torch.maximum(s64 / lo ** self.length_penalty, s64 / hi ** self.length_penalty)
+        return torch.where(live, bound, torch.full_like(bound, -math.inf)).view(B, K).amax(1)  # (B,)
+
+    def _pool_finished(self, rows: list[int], index: Tensor, t: int) -> None:
+        """Copy the beams that emitted <end> at step t (rows, and the same as a tensor on the device) to their
+        images' pools (t words, <end> not stored), all in one copy to the host."""
+        for row, host_row in zip(rows, self.history.host_rows(index, t)):
             self.pools[self.active[row // self.K]].append(
-                _hypothesis(*self.history.row(row, t), score=score, finished=True, length_penalty=self.length_penalty))
+                _hypothesis(host_row, score=self.host_scores[row], finished=True, length_penalty=self.length_penalty))
         for b in {self.active[row // self.K] for row in rows}:
             self.pools[b].sort(key=lambda h: -h.norm_score)  # stable: ties keep discovery order
 
-    def prune(self, t: int, max_length: int) -> bool:
+    def prune(self) -> bool:
         """Retire every image whose pool holds n_best hypotheses that no live beam can beat in norm_score
-        (log-probs <= 0 bound every continuation); False when no image is left."""
-        B, K = len(self.active), self.K
-        live = ~self.finished & torch.isfinite(self.scores)
-        # continuations only lower the score, so s / L**lp is maximal at an extreme length
-        lo, hi = float(t + 1), float(max_length + 1)
-        s64 = self.scores.double()  # float64 so the comparison with the (Python float) pool scores is not rounded
-        bound = torch.maximum(s64 / lo ** self.length_penalty, s64 / hi ** self.length_penalty)
-        bound = torch.where(live, bound, torch.full_like(bound, -math.inf)).view(B, K).amax(1)  # (B,)
-        threshold = torch.tensor([self.pools[b][self.n_best - 1].norm_score if len(self.pools[b]) >= self.n_best
-                                  else -math.inf for b in self.active], dtype=torch.float64, device=bound.device)
-        done = (bound <= threshold).tolist()
+        (the last step's bounds, _report); False when no image is left."""
+        B = len(self.active)
+        done = [self.host_bound[i] <= (self.pools[b][self.n_best - 1].norm_score
+                                       if len(self.pools[b]) >= self.n_best else -math.inf)
+                for i, b in enumerate(self.active)]
         if not any(done):
             return True
+        # an empty pool here means every beam has score -inf: return those rather than nothing
+        empty = [i for i, b in enumerate(self.active) if done[i] and not self.pools[b]]
+        unfinished = dict(zip(empty, self._unfinished(empty))) if empty else {}
         for i, b in enumerate(self.active):
-            if done[i]:  # an empty pool here means every beam has score -inf: return those rather than nothing
-                self.results[b] = _rank(self.pools[b], [] if self.pools[b] else self._unfinished(i), self.n_best)
+            if done[i]:
+                self.results[b] = _rank(self.pools[b], unfinished.get(i, []), self.n_best)
         keep = [i for i in range(B) if not done[i]]
         if keep:
             self._keep_images(keep)
@@ -508,11 +535,14 @@ class _Beams:
         """Drop the retired images' rows so later steps only pay for images still searching."""
         N, K = self.rows, self.K
         device = self.scores.device
-        keep_images = torch.tensor(keep, device=device)  # (B',)
+        keep_images = torch.tensor(keep).to(device, non_blocking=True)  # (B',): no wait for the device
         keep_rows = (keep_images[:, None] * K + torch.arange(K, device=device)).view(-1)  # (B'*K,)
+        host_rows = [i * K + k for i in keep for k in range(K)]
         self.active = [self.active[i] for i in keep]
         self.scores, self.finished, self.tokens = (self.scores[keep_rows], self.finished[keep_rows],
                                                    self.tokens[keep_rows])
+        self.host_scores = [self.host_scores[r] for r in host_rows]
+        self.host_finished = [self.host_finished[r] for r in host_rows]
         self.history.keep(keep_rows)
 
         def select_kept(x: Tensor) -> Tensor:
@@ -521,20 +551,21 @@ class _Beams:
 
         self.state = map_state(self.state, select_kept)
 
-    def _unfinished(self, i: int) -> list[Hypothesis]:
-        """Hypotheses of the not-finished slots of local image i, after self.steps words."""
-        rows = range(i * self.K, (i + 1) * self.K)
-        scores = self.scores[i * self.K:(i + 1) * self.K].tolist()
-        finished = self.finished[i * self.K:(i + 1) * self.K].tolist()
-        return [_hypothesis(*self.history.row(r, self.steps), score=scores[k], finished=False,
-                            length_penalty=self.length_penalty)
-                for k, r in enumerate(rows) if not finished[k]]
+    def _unfinished(self, images: list[int]) -> list[list[Hypothesis]]:
+        """Per local image of ``images``, the hypotheses of its not-finished slots after self.steps words (every
+        row copied to the host at once)."""
+        host_rows = self.history.host_rows(None, self.steps)
+        K = self.K
+        return [[_hypothesis(host_rows[r], score=self.host_scores[r], finished=False,
+                             length_penalty=self.length_penalty)
+                 for r in range(i * K, (i + 1) * K) if not self.host_finished[r]] for i in images]
 
     def finish(self) -> list[list[Hypothesis]]:
         """Images still searching after max_length calls: live beams compete as unfinished captions."""
-        for i, b in enumerate(self.active):
-            if self.results[b] is None:
-                self.results[b] = _rank(self.pools[b], self._unfinished(i), self.n_best)
+        left = [i for i, b in enumerate(self.active) if self.results[b] is None]
+        for i, unfinished in zip(left, self._unfinished(left) if left else []):
+            b = self.active[i]
+            self.results[b] = _rank(self.pools[b], unfinished, self.n_best)
         return self.results  # type: ignore[return-value]
 
 

@@ -96,6 +96,22 @@ def gumbel_noise(like: Tensor, generator: torch.Generator | None = None) -> Tens
     return -torch.log(-torch.log(u.clamp_(min=torch.finfo(dtype).tiny)))  # u = 0 would give -inf
 
 
+def draw_index(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index per row of probs (N, C), drawn by torch.multinomial, for any row: non-finite and negative entries
+    count as 0, and a row without a positive entry draws uniformly over its C entries. A row that is a distribution
+    draws exactly what multinomial draws from it.
+
+    multinomial itself refuses a row holding a NaN or an inf (a RuntimeError; on CUDA a device-side assert that
+    kills the process in some versions), so under fp16 one bad row would end training before
+    train.max_nonfinite_steps could skip the step. Here it draws, and its log-probability stays non-finite, so the
+    loss does too: the callers read it from the log-softmax the probabilities came from, which for a row holding a
+    NaN or an inf is NaN or -inf in every entry (its log-sum-exp is not finite). The clean-up reads nothing back to
+    the host."""
+    p = torch.nan_to_num(probs.detach(), nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0.0)  # (N, C)
+    p.add_(p.amax(dim=-1, keepdim=True) <= 0)  # (N, 1): +1 on every entry of a row without mass (uniform), else +0
+    return torch.multinomial(p, 1, generator=generator).squeeze(1)  # (N,)
+
+
 def read_context(scores: Tensor, values: Tensor, mode: str,
                  expectation_mask: Tensor | None = None,
                  generator: torch.Generator | None = None,
@@ -138,7 +154,7 @@ def read_context(scores: Tensor, values: Tensor, mode: str,
         return AttentionOutput(context, alpha, None, ent, None)
     relaxed = None
     if mode == "sample":
-        index = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (N,)
+        index = draw_index(alpha, generator)  # (N,); a row of NaNs draws too, its log_prob stays non-finite
     elif mode == "gumbel":
         perturbed = log_alpha + gumbel_noise(log_alpha, generator).to(log_alpha.dtype)  # (N, L): log alpha + g
         index = perturbed.detach().argmax(dim=-1)  # (N,): s ~ alpha

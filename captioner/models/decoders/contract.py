@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner.decoding.search import Logits, map_state
-from captioner.models.attention import AttentionOutput, check_read
+from captioner.models.attention import AttentionOutput, check_read, draw_index
 
 State = Any  # a (nested) tuple of tensors whose dim 0 is the row (search.State)
 
@@ -151,14 +151,26 @@ def caption_mask(captions: Tensor, lengths: Tensor) -> Tensor:
 
 class SampleDraws:
     """The bookkeeping of sample(): per step, mask the forbidden words, draw (or take the arg-max), and keep the
-    word, its log-probability (0 once the caption ended), the location read and alpha; output() stacks them."""
+    word, its log-probability (0 once the caption ended), the location read and alpha; output() stacks them.
+
+    Whether every caption has ended is a host read, which on an accelerator waits for all the queued work: draw()
+    asks it every ``CHECK_EVERY[device type]`` steps (every step on the CPU, where it costs nothing), and output()
+    drops the steps drawn after the last caption ended (<pad> words, zero log-probabilities), so the result is the
+    same as when asked at every step. The banned ids are copied to the device once, here."""
+
+    CHECK_EVERY = {"cpu": 1}  # steps between two reads of "every caption has ended", per device type
+    CHECK_EVERY_DEFAULT = 4  # on the others (CUDA, ...)
 
     def __init__(self, rows: int, start_id: int, end_id: int, pad_id: int, forbid_ids: tuple[int, ...],
                  greedy: bool, generator: torch.Generator | None, device: torch.device) -> None:
         self.end_id, self.pad_id, self.greedy, self.generator = end_id, pad_id, greedy, generator
-        self.forbid = sorted(set(forbid_ids) | {pad_id, start_id})  # <pad> and <start> are never words
+        device = torch.device(device)
+        forbid = sorted(set(forbid_ids) | {pad_id, start_id})  # <pad> and <start> are never words
+        self.forbid = torch.tensor(forbid, dtype=torch.long, device=device)  # (b,)
+        self.check_every = self.CHECK_EVERY.get(device.type, self.CHECK_EVERY_DEFAULT)
         self.tokens = torch.full((rows,), start_id, dtype=torch.long, device=device)
         self.running = torch.ones(rows, dtype=torch.bool, device=device)
+        self.live_steps = torch.zeros((), dtype=torch.long, device=device)  # steps some caption was running at
         self.words: list[Tensor] = []
         self.word_lp: list[Tensor] = []
         self.loc_lp: list[Tensor] = []
@@ -166,13 +178,14 @@ class SampleDraws:
         self.alphas: list[Tensor] = []
 
     def draw(self, logits: Tensor, read: AttentionOutput) -> bool:
-        """Next word of every row from its logits (N, V); False once every caption has ended."""
-        logits = logits.index_fill(1, torch.tensor(self.forbid, device=logits.device), -math.inf)
+        """Next word of every row from its logits (N, V); False once every caption has ended (known at the steps
+        that read it, every check_every)."""
+        logits = logits.index_fill(1, self.forbid.to(logits.device), -math.inf)
         log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
         if self.greedy:
             tokens = log_p.argmax(dim=-1)
-        else:
-            tokens = torch.multinomial(log_p.detach().exp(), 1, generator=self.generator).squeeze(1)  # (N,)
+        else:  # a row of NaNs draws too (draw_index), and its word's log-probability stays non-finite
+            tokens = draw_index(log_p.detach().exp(), self.generator)  # (N,)
         live = self.running.to(log_p.dtype)
         self.word_lp.append(log_p.gather(1, tokens.unsqueeze(1)).squeeze(1) * live)
         if read.log_prob is not None:
@@ -181,17 +194,27 @@ class SampleDraws:
             self.loc_h.append(read.entropy.float() * live)
         self.alphas.append(read.alpha.detach() * live.unsqueeze(1))
         self.words.append(tokens.masked_fill(~self.running, self.pad_id))
+        if self.check_every > 1:
+            self.live_steps = self.live_steps + self.running.any()  # no host read: a device counter
         self.running = self.running & (tokens != self.end_id)
         self.tokens = tokens
-        return bool(self.running.any())
+        if len(self.words) % self.check_every:
+            return True
+        return bool(self.running.any())  # the one host read, every check_every steps
 
     def output(self) -> SampleOutput:
-        tokens = torch.stack(self.words, dim=1)  # (N, T)
+        T = len(self.words)
+        if self.check_every > 1:  # the steps after the last caption ended (<pad> only) are dropped
+            T = int(self.live_steps)
+        tokens = torch.stack(self.words[:T], dim=1)  # (N, T)
         lengths = (tokens != self.pad_id).sum(dim=1)  # (N,): <pad> is never drawn
-        return SampleOutput(tokens=tokens, lengths=lengths, word_log_probs=torch.stack(self.word_lp, dim=1),
-                            location_log_probs=torch.stack(self.loc_lp, dim=1) if self.loc_lp else None,
-                            alphas=torch.stack(self.alphas, dim=1),
-                            location_entropies=torch.stack(self.loc_h, dim=1) if self.loc_h else None)
+
+        def stacked(steps: list[Tensor]) -> Tensor | None:
+            return torch.stack(steps[:T], dim=1) if steps else None  # (N, T, ...)
+
+        return SampleOutput(tokens=tokens, lengths=lengths, word_log_probs=stacked(self.word_lp),
+                            location_log_probs=stacked(self.loc_lp), alphas=stacked(self.alphas),
+                            location_entropies=stacked(self.loc_h))
 
 
 class CaptionDecoder(nn.Module, ABC):
