@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 import warnings
 from typing import Any
@@ -45,6 +46,11 @@ def keep_freed_memory() -> bool:
 DEVICE_HELP = "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; default auto"
 
 
+# Set (e.g. to "cpu"), what "auto" means in this process and its children: the test suite sets cpu, so that a test
+# means the CPU on a machine with a GPU too; tests marked ``gpu`` name their device
+AUTO_DEVICE_ENV = "CAPTIONER_AUTO_DEVICE"
+
+
 class DeviceError(ValueError):
     """A device a command or config asks for that this machine cannot give; the message names the setting."""
 
@@ -58,6 +64,9 @@ def resolve_device(name: str, setting: str = "--device", local_rank: int | None 
     replaced by it, with a warning, rather than putting every rank on one GPU."""
     import torch
 
+    if name == "auto" and os.environ.get(AUTO_DEVICE_ENV):
+        name = os.environ[AUTO_DEVICE_ENV]
+        setting = f"{AUTO_DEVICE_ENV} (what {setting}=auto means)"
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -89,6 +98,8 @@ def describe_device(device: Any, requested: str) -> str:
 
     if device.type == "cuda":
         return f"device {device} ({torch.cuda.get_device_name(device)}; asked: {requested})"
+    if requested == "auto" and os.environ.get(AUTO_DEVICE_ENV):
+        return f"device {device} (asked: auto, which {AUTO_DEVICE_ENV}={os.environ[AUTO_DEVICE_ENV]} sets)"
     return f"device {device} (asked: {requested}{'; no CUDA on this machine' if requested == 'auto' else ''})"
 
 

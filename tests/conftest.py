@@ -9,6 +9,9 @@ Subprocesses started by tests inherit it.
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite means the CPU wherever it runs: "auto" (every command's default device) is the CPU here and in the
+# commands the tests start, also on a machine with a GPU (captioner/runtime.py). Tests marked `gpu` name cuda.
+os.environ.setdefault("CAPTIONER_AUTO_DEVICE", "cpu")
 
 from pathlib import Path  # noqa: E402
 

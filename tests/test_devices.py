@@ -4,6 +4,7 @@ when the machine cannot give it; under torchrun each process on its own GPU; RNG
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import warnings
@@ -19,11 +20,24 @@ REPO = Path(__file__).resolve().parent.parent
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without CUDA")
 
 
+@pytest.fixture(autouse=True)
+def plain_auto(monkeypatch):
+    """"auto" as a user gets it (the suite's conftest makes it mean the CPU; test_the_suite_... checks that)."""
+    monkeypatch.delenv(runtime.AUTO_DEVICE_ENV, raising=False)
+
+
 @pytest.fixture
 def two_gpus(monkeypatch):
     """A machine with two CUDA devices, as far as the device rule can tell (it asks only these two functions)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_the_suite_means_the_cpu_by_auto_even_where_a_gpu_is(two_gpus, monkeypatch):
+    monkeypatch.setenv(runtime.AUTO_DEVICE_ENV, "cpu")
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)  # a named device is not touched
+    assert "CAPTIONER_AUTO_DEVICE=cpu" in runtime.describe_device(torch.device("cpu"), "auto")
 
 
 def test_auto_is_the_cpu_without_cuda(monkeypatch):
@@ -102,8 +116,9 @@ def test_caption_says_which_device_it_chose(tmp_path):
 
     image = tmp_path / "photo.png"
     sample_photo("astronaut").save(image)
+    env = {k: v for k, v in os.environ.items() if k != runtime.AUTO_DEVICE_ENV}
     proc = subprocess.run([sys.executable, "-m", "captioner", "caption", str(image), "--beam", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     expected = "device cuda" if torch.cuda.is_available() else "device cpu (asked: auto; no CUDA on this machine)"
     assert f"captioner caption: {expected}" in proc.stderr
