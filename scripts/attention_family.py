@@ -373,6 +373,16 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
                 f"{_cell(r['cell_changes'], 1, True)} | {mirror} | {_minutes(r['train_wall_s'])} |")
         lines.append("")
     lines += [f"![{p.stem}]({os.path.relpath(p, family.doc.parent)})" for p in plots]
+    pointer_file = family.runs / "pointer.json"
+    if pointer_file.exists():
+        pointer = json.loads(pointer_file.read_text(encoding="utf-8"))
+        lines += ["", f"**Pointer network: sorting** (`python scripts/attention_family.py pointer`, "
+                      f"examples/pointer_network.py, additive scorer, hidden 64; {pointer['cpu']})", "",
+                  "| numbers per sequence | Adam steps (batch 128) | exact match (2,000 new sequences) "
+                  "| training time |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['length']} | {r['steps']} | {100 * r['exact_match']:.1f} % | {r['train_s']:.0f} s |"
+                  for r in pointer["rows"]]
     return "\n".join(lines)
 
 

@@ -59,9 +59,12 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     # the page's own prose around the generated table survives a report
     doc = tmp_path / "docs" / "family.md"
     doc.write_text("# Family\n\nprose before\n\n" + page[page.index(family.TABLE_START):] + "\nprose after\n")
+    (tmp_path / "runs" / "pointer.json").write_text(json.dumps(
+        {"cpu": "test CPU", "rows": [{"length": 5, "steps": 30, "exact_match": 0.5, "train_s": 1.0}]}))
     assert family.main(["report", *_args(tmp_path)]) == 0
     text = doc.read_text()
     assert "prose before" in text and "prose after" in text and "| soft, dot product |" in text
+    assert "| 5 | 30 | 50.0 % | 1 s |" in text  # the pointer table, from its JSON
 
     # an interrupted row (its evaluation lost, training one epoch short of a larger budget) resumes from last.pt
     (tmp_path / "runs" / "soft_additive" / "family-row.json").unlink()
