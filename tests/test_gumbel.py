@@ -281,15 +281,24 @@ def test_a_tiny_gumbel_run_on_shapes_lowers_the_loss_and_trains_the_scorer(data_
         assert (trained[key] - initial[key]).abs().max() > 1e-4, key
 
 
-def test_a_resumed_gumbel_run_continues_exactly(data_root, tmp_path, no_metrics):
-    """τ depends on the epoch and the config only, and the noise on the RNG states the checkpoint keeps: one
-    epoch, then a resume to two, ends on the very weights of two epochs straight."""
+def test_a_resumed_gumbel_run_continues_exactly(data_root, tmp_path, no_metrics, capsys):
+    """τ depends on the epoch and the config only, and the noise on the RNG states the checkpoint keeps: a run of
+    two epochs stopped after one (its time budget), then resumed without a budget, ends on the very weights of two
+    epochs straight. A resume that changes train.epochs is refused (issue 45): τ anneals over train.epochs, so a
+    longer run would read at a higher τ again after a lower one (2, 0.5, then 0.79 resuming 2 epochs to 4). Before,
+    this test resumed a one-epoch run to two epochs; that is what is refused now."""
     from captioner.commands.train import main
 
-    sets = ("train.hard.temperature=2.0", "train.hard.temperature_min=0.5")
-    straight = train(_tiny_cfg(data_root, tmp_path / "straight", *sets, "train.epochs=2"))
-    first = train(_tiny_cfg(data_root, tmp_path / "resumed", *sets, "train.epochs=1"))
-    assert main(["--resume", str(first), "--set", "train.epochs=2"]) == 0
+    sets = ("train.hard.temperature=2.0", "train.hard.temperature_min=0.5", "train.epochs=2")
+    straight = train(_tiny_cfg(data_root, tmp_path / "straight", *sets))
+    first = train(_tiny_cfg(data_root, tmp_path / "resumed", *sets, "train.time_budget_s=0.001"))
+    assert load_checkpoint(first / "last.pt")["stop"] == "time budget"
+    assert main(["--resume", str(first), "--set", "train.epochs=4", "--set", "train.time_budget_s=0"]) == 1
+    err = capsys.readouterr().err
+    assert "train.epochs is 4 but the run was trained with 2" in err and "Gumbel-softmax temperature" in err
+    assert main(["--resume", str(first)]) == 0  # the same budget: the run had stopped, and stops there again
+    assert load_checkpoint(first / "last.pt")["epoch"] == 1
+    assert main(["--resume", str(first), "--set", "train.time_budget_s=0"]) == 0
     a, b = load_checkpoint(straight / "last.pt")["model"], load_checkpoint(first / "last.pt")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     taus = [json.loads(line)["train_temperature"] for line in (first / "metrics.jsonl").read_text().splitlines()]

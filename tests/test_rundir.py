@@ -13,7 +13,7 @@ from captioner.store.rundir import RunDir
 
 PACKAGE = Path(__file__).resolve().parents[1] / "captioner"
 RUN_FILES = ("config.yaml", "vocab.json", "last.pt", "best.pt", "metrics.jsonl", "averaged.pt", "finished.json",
-             "summary.json")
+             "summary.json", "run.json")
 
 
 def test_the_run_folders_files_are_named_in_one_place():
@@ -28,6 +28,8 @@ def test_paths_and_the_checkpoint_a_folder_stands_for(tmp_path):
     run = RunDir(tmp_path)
     assert (run.best, run.last, run.epoch(7)) == (tmp_path / "best.pt", tmp_path / "last.pt",
                                                   tmp_path / "epochs" / "epoch-007.pt")
+    assert (run.run_file, run.previous("20261203-111500")) == (tmp_path / "run.json",
+                                                               tmp_path / "previous-20261203-111500")
     assert run.checkpoint() is None
     with pytest.raises(CheckpointError, match="without best.pt or last.pt"):
         resolve_checkpoint_path(tmp_path)

@@ -13,11 +13,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captioner average",
         description="average the weights of several checkpoints of one model: given files, or the last K epochs "
-                    "a run kept (train.keep_epochs); the result loads like any checkpoint")
+                    "a run kept (train.keep_epochs); the result loads like any checkpoint. With --run, only the "
+                    "epochs of the run the folder holds (its run id, up to its last.pt's epoch); fewer than K is "
+                    "refused, naming the files")
     parser.add_argument("checkpoints", nargs="*", metavar="CKPT", help="checkpoint files to average")
     parser.add_argument("--run", default=None, help="a run directory whose kept epochs (RUN/epochs/) to average")
     parser.add_argument("--last", type=int, default=0, metavar="K",
-                        help="with --run: the last K kept epochs (default: all of them)")
+                        help="with --run: the run's last K kept epochs (default: all of them)")
     parser.add_argument("--out", required=True, help="the checkpoint file to write")
     return parser
 
@@ -47,11 +49,8 @@ def _chosen(args: argparse.Namespace) -> list:
         if args.last:
             raise ValueError("--last counts a run's kept epochs: use it with --run")
         return list(args.checkpoints)
-    from captioner.store.rundir import RunDir
+    from captioner.store.checkpoint import last_snapshots, run_identity
 
-    kept = RunDir(args.run).epoch_snapshots()
-    if not kept:
-        raise ValueError(f"{args.run}: no kept epochs (epochs/epoch-*.pt); train with train.keep_epochs=true")
-    if args.last > len(kept):
-        raise ValueError(f"--last {args.last}: {args.run} kept only {len(kept)} epochs")
-    return kept[-args.last:] if args.last else kept
+    run_id, latest_epoch = run_identity(args.run)  # another run's epochs left in the folder are not this run's
+    return last_snapshots(args.run, args.last, run_id, latest_epoch, what=f"--last {args.last}" if args.last
+                          else "--run")

@@ -17,11 +17,17 @@ from captioner.store.rundir import RunDir
 from captioner.store.saved_config import load_run_config
 from captioner.training.distributed import TrainingError
 from captioner.training.loop import train
+from captioner.training.resume import require_resumable
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captioner train", description="The training loop: epochs, validation by "
-                                     "real decoding, checkpoints, exact resume, DDP.")
+    parser = argparse.ArgumentParser(
+        prog="captioner train",
+        description="The training loop: epochs, validation by real decoding, checkpoints, exact resume, DDP. A new "
+                    "run (no --resume) starts in a clean train.run_dir: what an earlier run left there (checkpoints, "
+                    "kept epochs, logs) is moved into RUN_DIR/previous-YYYYMMDD-HHMMSS/ first, with a warning "
+                    "naming it. Every run has an id (RUN_DIR/run.json, carried by its checkpoints and kept across "
+                    "--resume); train.average_last averages only this run's kept epochs.")
     add_config_arguments(parser)
     parser.add_argument("--init", default=None, metavar="RUN_DIR",
                         help="start from the weights of RUN_DIR's best.pt (or a checkpoint file, a model folder "
@@ -29,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                              "hard-attention model from a soft one; sets train.init")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
-                             "when --config is not given; --set still applies)")
+                             "when --config is not given; --set still applies); a run killed at any moment "
+                             "continues to the same epochs and weights. A folder without last.pt (stopped before "
+                             "its first epoch ended) is refused: start it again without --resume")
     return parser
 
 
@@ -40,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.store.checkpoint import CheckpointError
 
     try:
+        if args.resume is not None:
+            require_resumable(args.resume)  # before reading its config.yaml, which may not be there either
         if args.config is None and args.resume is not None and Path(args.resume).is_dir():
             cfg = load_run_config(RunDir(args.resume).config, args.overrides)  # as the run saved it
         else:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -464,5 +465,65 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict:
     model = {k: (v / n).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
     last = payloads[-1][1]
     return {"model": model, "config": last["config"], "vocab": last["vocab"], "epoch": last.get("epoch"),
-            "step": last.get("step"), "averaged_from": [str(p) for p, _ in payloads]}
+            "step": last.get("step"), "run_id": last.get("run_id"), "averaged_from": [str(p) for p, _ in payloads]}
+
+
+# ------------------------------------------------------------------- a run's kept epochs
+
+
+def run_identity(run_dir: str | Path) -> tuple[str | None, int | None]:
+    """(run_id, latest epoch) of the run a folder holds, for choosing its kept epochs (``last_snapshots``): from its
+    last.pt; without one, run.json's id and no latest epoch. A run started by a version before run ids has none
+    (None): see ``last_snapshots``."""
+    run = RunDir(run_dir)
+    if run.last.is_file():
+        payload = load_checkpoint(run.last)
+        return payload.get("run_id"), int(payload["epoch"])  # .get: last.pt of a version before run ids
+    if run.run_file.is_file():
+        try:
+            return json.loads(run.run_file.read_text())["run_id"], None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{run.run_file} is unreadable ({err}); it names the run the folder holds") from err
+    return None, None
+
+
+def last_snapshots(run_dir: str | Path, k: int, run_id: str | None, latest_epoch: int | None, what: str) -> list[Path]:
+    """The last ``k`` kept epochs (RUN/epochs/epoch-NNN.pt) of the run ``run_id``, oldest first (k = 0: all of
+    them), for averaging. A snapshot is the run's when it carries the run's id and its epoch is at most the run's
+    latest (``latest_epoch``, last.pt's; None: no bound): another run's file, or one written just before an
+    interruption that a --resume redoes, is skipped. A run without an id (started by a version before ids) takes
+    the snapshots without one up to its latest epoch. Fewer than ``k`` is refused (``what``: the setting or flag
+    that asked), naming the files taken and skipped, rather than averaging fewer or other epochs."""
+    run = RunDir(run_dir)
+    kept = run.epoch_snapshots()
+    if not kept:
+        raise CheckpointError(f"{what}: {run} has no kept epochs ({run.epochs}/epoch-*.pt); train with "
+                              "train.keep_epochs=true")
+    mine: list[Path] = []
+    skipped: list[str] = []
+    for path in reversed(kept):
+        if k and len(mine) == k:
+            break
+        why = _not_the_runs(load_checkpoint(path), run_id, latest_epoch)
+        if why:
+            skipped.append(f"{path.name} ({why})")
+        else:
+            mine.append(path)
+    if len(mine) < max(k, 1):
+        taken = ", ".join(p.name for p in reversed(mine)) or "none"
+        raise CheckpointError(
+            f"{what}: {run} kept only {len(mine)} epochs of its run (run_id {run_id or 'none'}), {k or 1} needed; "
+            f"this run's: {taken}" + (f"; skipped: {', '.join(reversed(skipped))}" if skipped else "")
+            + ". Average fewer epochs, or name the files: captioner average FILE... --out OUT")
+    return mine[::-1]
+
+
+def _not_the_runs(payload: dict, run_id: str | None, latest_epoch: int | None) -> str | None:
+    """Why a kept epoch's payload is not the run's (None: it is)."""
+    theirs, epoch = payload.get("run_id"), payload.get("epoch")  # .get: snapshots of a version before run ids
+    if theirs != run_id:
+        return f"another run's, run_id {theirs}" if theirs else "written by a version before run ids, by another run"
+    if latest_epoch is not None and isinstance(epoch, int) and epoch > latest_epoch:
+        return f"epoch {epoch}, after the run's latest state (epoch {latest_epoch}): a --resume trains it again"
+    return None
 

@@ -9,14 +9,20 @@
       best.pt                  the best epoch so far by train.val_metric (what evaluate/caption load)
       metrics.jsonl            one line per epoch
       epochs/epoch-NNN.pt      train.keep_epochs: each epoch's weights (snapshot ensembles, averaging)
-      averaged.pt              train.average_last: the mean of the last k of them
+      averaged.pt              train.average_last: the mean of the run's last k of them
+      run.json                 which run the folder holds: {"run_id": ...}, kept across --resume; every checkpoint
+                               and snapshot the run writes carries the same run_id
       finished.json            `captioner demo`: written once its run is done; with summary.json (its test
                                scores and captions), overlays/ (their attention) and photos/ (the shipped
                                model's captions of scikit-image's photographs)
       tensorboard/, wandb/     the loggers' own folders
       weights-rankR.sha256     distributed runs: each rank's weights hash (they must agree)
+      previous-YYYYMMDD-HHMMSS/  what an earlier run left here, moved aside when a new run (not --resume) started
 
-A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``RunDir.checkpoint``).
+A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``RunDir.checkpoint``). A new run
+starts in a folder of its own: ``run_outputs`` are the entries it would mix with an earlier run's (moved aside by
+captioner/training/run_files.py); the demo's ``photos/`` (the shipped model's captions) and W&B's folder (W&B keeps
+its runs apart by id) are not among them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class RunDir:
-    """The files of one run folder (``RunDir(cfg.train.run_dir)``); nothing is created or read here."""
+    """The files of one run folder (``RunDir(cfg.train.run_dir)``); nothing is created or written here."""
 
     root: Path
 
@@ -52,6 +58,7 @@ class RunDir:
     overlays = property(lambda self: self.root / "overlays")
     photos = property(lambda self: self.root / "photos")
     tensorboard = property(lambda self: self.root / "tensorboard")
+    run_file = property(lambda self: self.root / "run.json")
 
     def epoch(self, number: int) -> Path:
         """train.keep_epochs' weights of epoch ``number`` (1-based)."""
@@ -63,6 +70,17 @@ class RunDir:
 
     def weights_hash(self, rank: int) -> Path:
         return self.root / f"weights-rank{rank}.sha256"
+
+    def previous(self, stamp: str) -> Path:
+        """Where a new run moves an earlier run's files (``stamp``: when, e.g. 20261203-111500)."""
+        return self.root / f"previous-{stamp}"
+
+    def run_outputs(self) -> list[Path]:
+        """The entries a training run (and the demo's evaluation of it) writes here that exist now: a new run
+        moves them aside rather than mixing its files with theirs (checkpoints, kept epochs, logs, results)."""
+        named = [self.config, self.vocab, self.last, self.best, self.metrics, self.epochs, self.averaged,
+                 self.run_file, self.finished, self.summary, self.overlays, self.tensorboard]
+        return [p for p in named if p.exists()] + sorted(self.root.glob("weights-rank*.sha256"))
 
     def checkpoint(self) -> Path | None:
         """The checkpoint a run folder stands for: best.pt, else last.pt; None when it holds neither."""

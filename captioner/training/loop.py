@@ -21,7 +21,9 @@ epoch, losses.gumbel_temperature).
   and the metrics. The shuffling order of epoch e depends only on (seed, e). ``--resume`` takes the
   run's latest state only (its directory or last.pt: an earlier checkpoint such as best.pt would
   rewrite metrics.jsonl without the later epochs; the refusal says how to branch a copy from it) and
-  the same number of processes (each rank's data shard and random streams depend on it).
+  the same number of processes (each rank's data shard and random streams depend on it). A run killed at
+  any moment resumes to the same epochs, files and weights: what is written when, and a new run's clean
+  folder and id, are captioner/training/run_files.py's.
 - DDP under torchrun: one process per device, DistributedSampler, rank 0 validates and writes;
   the REINFORCE baseline is updated from the all-reduced batch reward, so it is the same on
   every rank. Per-process batch size is ``train.batch_size``.
@@ -32,13 +34,12 @@ The ``captioner train`` command (its flags, errors and exit status) is captioner
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -66,7 +67,18 @@ from captioner.training.estimators import ESTIMATORS
 from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
 from captioner.training.losses import LossOutput, gumbel_temperature, soft_attention_loss, update_baseline
 from captioner.training.optim import OPTIMIZERS, build_optimizer
+from captioner.training.progress import Progress
+from captioner.training.progress import out_of_time as _out_of_time  # noqa: F401 (its name here before progress.py)
 from captioner.training.resume import init_weights, load_init, resume_payload
+from captioner.training.run_files import (
+    new_run_id,
+    restore_missing_snapshot,
+    save_epoch,
+    start_clean,
+    write_average,
+    write_run_file,
+)
+from captioner.training.run_files import write_metrics as _write_metrics
 from captioner.training.validation import validate
 
 log = logging.getLogger(__name__)
@@ -74,7 +86,6 @@ log = logging.getLogger(__name__)
 # Set to anything: every rank writes the SHA-256 of its final weights to RUN_DIR/weights-rank<R>.sha256
 # (how the DDP test checks the ranks stayed in lockstep).
 WEIGHTS_HASH_ENV = "CAPTIONER_DEBUG_WEIGHTS_HASH"
-RESUME_ONLY = ("optimizer", "scheduler", "scaler", "rng")  # what a snapshot leaves out of last.pt
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -173,39 +184,7 @@ def _all_finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-# --------------------------------------------------------------------------- metrics log
-
-
-def _write_metrics(path: Path, entries: list[dict]) -> None:
-    write_text_atomic(path, "".join(json.dumps(e) + "\n" for e in entries))
-
-
 # --------------------------------------------------------------------------- the loop
-
-
-@dataclass
-class Progress:
-    """Where a run stands: what the checkpoint records besides weights and optimizer state."""
-
-    epoch: int = 0  # epochs completed
-    step: int = 0  # batches processed (skipped ones included)
-    baseline: float | None = None  # REINFORCE moving-average reward b (hard attention), same on every rank
-    history: list[dict] = field(default_factory=list)  # one metrics entry per epoch
-    best: dict = field(default_factory=dict)  # {"metric", "value", "epoch"}
-    bad_epochs: int = 0  # epochs since the validation metric last improved (early stopping)
-    elapsed_s: float = 0.0  # wall time of the run so far, across resumes (train.time_budget_s counts it)
-    nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
-
-    def payload(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "baseline": self.baseline, "elapsed_s": self.elapsed_s,
-                "metrics": {"history": self.history, "best": self.best, "bad_epochs": self.bad_epochs}}
-
-    @classmethod
-    def from_payload(cls, payload: dict) -> "Progress":
-        metrics = payload["metrics"]
-        return cls(epoch=int(payload["epoch"]), step=int(payload["step"]), baseline=payload["baseline"],
-                   history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]),
-                   elapsed_s=float(payload.get("elapsed_s", 0.0)))
 
 
 def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
@@ -264,8 +243,8 @@ class _Run:
     model: nn.Module
     from_images: bool  # batches carry images (the encoder runs) rather than cached backbone grids
     train_set: CaptionDataset
-    val_loss_set: CaptionDataset
-    val_decode_set: CaptionDataset
+    val_loss_set: CaptionDataset | None  # rank 0 only (inputs.make_datasets): the other ranks never validate
+    val_decode_set: CaptionDataset | None
     scst: Any
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -275,6 +254,7 @@ class _Run:
     scaler: Any = None
     amp: Callable[[], ContextManager] = nullcontext
     writer: Any = None
+    stopped: bool = False  # resumed after its last epoch (patience, time budget): nothing more to train
 
     @property
     def is_main(self) -> bool:
@@ -338,13 +318,13 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     optimizer = _build_optimizer(cfg, model)
     run = _Run(cfg, RunDir(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
                val_decode_set, scst, optimizer, _build_scheduler(cfg, optimizer),
-               Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}), started)
+               Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}, run_id=new_run_id()), started)
     # The training stream starts here, so it does not depend on whether feature extraction (which
     # draws on the global RNG) just ran; each rank gets its own dropout masks and attention samples.
     seed_everything(t.seed + rank)
     if payload is not None:
         _restore(run, payload)
-    _open_run_dir(run)
+    _open_run_dir(run, payload)
     _prepare_steps(run)
     if payload is not None:
         _restore_scaler(run, payload)
@@ -358,17 +338,28 @@ def _restore(run: _Run, payload: dict) -> None:
     run.scheduler.load_state_dict(payload["scheduler"])
     run.progress = Progress.from_payload(payload)
     run.started -= run.progress.elapsed_s  # the time budget counts the run's earlier sessions too
+    t, saved = run.cfg.train, payload["config"]["train"]  # .get below: a config saved before the time budget
+    run.stopped = run.progress.stopped_already(t.patience, t.time_budget_s, saved.get("time_budget_s", 0.0))
+    if run.stopped and run.is_main:
+        log.info("the run had stopped after epoch %d (%s): nothing more to train (raise train.patience or "
+                 "train.time_budget_s to go on)", run.progress.epoch, run.progress.stop)
     set_rng_state(payload["rng"]["ranks"][run.rank], run.device)  # last: nothing draws after (one per rank: checked)
     log.info("resuming %s after epoch %d (step %d)", run.run_dir, run.progress.epoch, run.progress.step)
 
 
-def _open_run_dir(run: _Run) -> None:
-    """Rank 0 writes config.yaml, vocab.json and the metrics log, and opens TensorBoard and W&B."""
+def _open_run_dir(run: _Run, payload: dict | None) -> None:
+    """Rank 0 moves an earlier run's files aside (a new run) or restores a lost snapshot (a resume: run_files.py),
+    writes run.json, config.yaml, vocab.json and the metrics log, and opens TensorBoard and W&B."""
     if not run.is_main:
         return
     from captioner.training.tblog import open_run_logs
 
+    if payload is None:
+        start_clean(run.run_dir)
+    else:
+        restore_missing_snapshot(run.run_dir, payload)
     run.run_dir.root.mkdir(parents=True, exist_ok=True)
+    write_run_file(run.run_dir, run.progress.run_id)
     save_config(run.cfg, run.run_dir.config)
     run.vocab.save(run.run_dir.vocab)
     # The checkpoint's history is the log's source of truth: a resumed run rewrites the log from
@@ -433,7 +424,8 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
 
     t, model, progress = run.cfg.train, run.model, run.progress
     model.train()
-    num_workers = run.cfg.data.num_workers if run.from_images else 0  # cached grids: workers cost more than they save
+    # grids read from the cache file: workers overlap the reads with the step; preloaded grids are a RAM gather
+    num_workers = 0 if getattr(run.train_set, "preloaded", False) else run.cfg.data.num_workers
     loader = epoch_loader(run.train_set, t.batch_size, epoch, t.seed, run.rank, run.world, shuffle=True,
                      num_workers=num_workers, pin_memory=run.device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
@@ -496,15 +488,15 @@ def _select(run: _Run, entry: dict[str, Any], epoch: int, stats: _EpochStats) ->
         progress.bad_epochs = 0
     else:
         progress.bad_epochs += 1
-    stop = progress.bad_epochs >= t.patience or _out_of_time(t.time_budget_s, time.monotonic() - run.started,
-                                                              time.monotonic() - stats.start)
+    # the reason is saved with the epoch: a resume after a kill before the run's end stops there too
+    stop = progress.decide_stop(t.patience, t.time_budget_s, time.monotonic() - run.started,
+                                time.monotonic() - stats.start)
     return improved, stop
 
 
 def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
-    """last.pt (everything an exact resume needs), best.pt when improved, the metrics log, a summary line."""
-    from captioner.store.checkpoint import save_checkpoint
-
+    """The epoch's snapshot (train.keep_epochs), best.pt when improved, last.pt (everything an exact resume needs),
+    the metrics log, in that order (run_files.save_epoch), and a summary line."""
     if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
     run.progress.elapsed_s = time.monotonic() - run.started
@@ -512,13 +504,7 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
             "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
             "config": config_to_dict(run.cfg),
             "vocab": run.vocab.to_dict(), **run.progress.payload()}
-    save_checkpoint(run.run_dir.last, ckpt)
-    if improved:
-        save_checkpoint(run.run_dir.best, ckpt)
-    if run.cfg.train.keep_epochs:  # weights only: what decoding, ensembles and averaging read
-        snapshot = {k: v for k, v in ckpt.items() if k not in RESUME_ONLY}
-        save_checkpoint(run.run_dir.epoch(entry["epoch"]), snapshot)
-    _write_metrics(run.run_dir.metrics, run.progress.history)
+    save_epoch(run.run_dir, ckpt, entry["epoch"], improved, run.cfg.train.keep_epochs, run.progress.history)
     print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
 
 
@@ -539,8 +525,7 @@ def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
     if not broadcast_flag(stop, run.world, run.device):
         return False
     if run.is_main:
-        log.info("stopping after epoch %d (%s)", epoch + 1,
-                 "patience" if run.progress.bad_epochs >= run.cfg.train.patience else "time budget")
+        log.info("stopping after epoch %d (%s)", epoch + 1, run.progress.stop)
     return True
 
 
@@ -552,36 +537,34 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
     with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (fast_paths.py)
         run = _set_up(cfg, resume, started)
-        for epoch in range(run.progress.epoch, cfg.train.epochs):
-            stats = _train_epoch(run, epoch)
-            if _end_epoch(run, epoch, stats):
-                break
+        if not run.stopped:
+            for epoch in range(run.progress.epoch, cfg.train.epochs):
+                stats = _train_epoch(run, epoch)
+                if _end_epoch(run, epoch, stats):
+                    break
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")
-    if run.is_main and cfg.train.average_last:
-        _write_average(run.run_dir, cfg.train.average_last)
+    refused = _average(run) if run.is_main and cfg.train.average_last else None
     if run.writer is not None:
         run.writer.close()
-    barrier(run.world)
+    barrier(run.world)  # every rank gets here, also when the average is refused (raised after)
+    if refused is not None:
+        raise refused
     return run.run_dir.root
 
 
-def _write_average(run_dir: RunDir, last: int) -> None:
-    """``train.average_last``: RUN/averaged.pt, the mean of the weights of the run's last ``last`` epochs."""
-    from captioner.store.checkpoint import average_checkpoints, save_checkpoint
+def _average(run: _Run) -> TrainingError | None:
+    """``train.average_last``: RUN/averaged.pt from this run's last kept epochs (run_files.write_average); the
+    refusal, when the run kept fewer, as the error to raise once every rank is done."""
+    from captioner.store.checkpoint import CheckpointError
 
-    snapshots = run_dir.epoch_snapshots()[-last:]
-    save_checkpoint(run_dir.averaged, average_checkpoints(snapshots))
-    log.info("%s: the mean of %s", run_dir.averaged, ", ".join(p.name for p in snapshots))
-
-
-# What built the optimizer and the learning-rate schedule: --resume restores their state, so a new value
-# would be silently ignored (a cosine run resumed to a longer horizon would restart from its end).
-def _out_of_time(budget_s: float, elapsed_s: float, last_epoch_s: float) -> bool:
-    """Stop when another epoch like the last one (training + validation) would end past the budget:
-    a run given an hour then takes at most about an hour, rather than overshooting by an epoch."""
-    return budget_s > 0 and elapsed_s + last_epoch_s > budget_s
+    try:
+        write_average(run.run_dir, run.cfg.train.average_last, run.progress.run_id, run.progress.epoch)
+    except CheckpointError as err:
+        return TrainingError(f"training finished ({run.run_dir.last}: epoch {run.progress.epoch}), but "
+                             f"{run.run_dir.averaged.name} was not written: {err}")
+    return None
 
 
 def _summary(entry: dict, metric: str, improved: bool) -> str:

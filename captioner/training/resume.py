@@ -2,10 +2,12 @@
 (``load_init``, ``init_weights``).
 
 A resumed run must continue the same run: its config's model and data sections unchanged (only ``train.*`` may
-change, and of those not the optimizer's schedule: ``check_resumed_schedule``), its latest ``last.pt`` (an earlier
-checkpoint would rewrite the metrics log without the later epochs; the refusal says how to branch a copy) and the
-same number of processes. A run that starts from another's weights (``train.init``) must share its model and
-data sections except the few ``INIT_MAY_DIFFER`` names (the attention kind, dropouts, the encoder's trained top).
+change, and of those not the optimizer's schedule, nor ``train.epochs`` when a schedule spans it: the cosine rate, the
+Gumbel temperature; ``check_resumed_schedule``), its latest ``last.pt`` (an earlier checkpoint would rewrite the
+metrics log without the later epochs; the refusal says how to branch a copy; a folder without one has nothing to
+resume: ``require_resumable``) and the same number of processes. A run that starts from another's weights
+(``train.init``) must share its model and data sections except the few ``INIT_MAY_DIFFER`` names (the attention
+kind, dropouts, the encoder's trained top).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -112,6 +113,7 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
 
     if resume is None:
         return None
+    require_resumable(resume)
     resume_path = Path(resume)
     ckpt_file = RunDir(resume_path).last if resume_path.is_dir() else resume_path
     payload = load_checkpoint(ckpt_file)
@@ -120,8 +122,21 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     cfg.train.run_dir = str(ckpt_file.parent)
     require_same_sections(payload["config"], cfg, f"--resume {resume}",
                            "resume with the run's own config.yaml (only train.* may change)")
-    check_resumed_schedule(payload["config"].get("train", {}), cfg.train, resume)
+    check_resumed_schedule(payload["config"].get("train", {}), cfg, resume)
     return payload
+
+
+def require_resumable(resume: str) -> None:
+    """A run folder without last.pt (a run stopped before its first epoch ended, or none ever ran there) has nothing
+    to resume: refused, saying how to start it again (a new run moves the folder's files aside first)."""
+    run = RunDir(resume)
+    if not run.root.is_dir() or run.last.is_file():
+        return  # a checkpoint file, or a missing path: load_checkpoint names it
+    config = f"--config {run.config}" if run.config.is_file() else f"--config CONFIG --set train.run_dir={run}"
+    raise TrainingError(
+        f"--resume {resume}: {run} holds no {run.last.name}, so there is nothing to resume (the run stopped before "
+        f"its first epoch ended, or never trained there). Start it again without --resume: captioner train {config} "
+        f"(what the folder holds is moved aside first)")
 
 
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
@@ -160,12 +175,33 @@ def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
 SCHEDULE_KEYS = ("optimizer", "lr", "encoder_lr", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma")
 
 
-def check_resumed_schedule(saved: dict, t: Any, resume: str) -> None:
-    """Refuse a resume whose optimizer or schedule settings differ from the run's, naming the key."""
-    keys = SCHEDULE_KEYS + (("epochs",) if saved.get("lr_schedule") == "cosine" else ())
-    for key in keys:
+def check_resumed_schedule(saved: dict, cfg: Config, resume: str) -> None:
+    """Refuse a resume whose optimizer or schedule settings differ from the run's (``saved``: its train section),
+    naming the key: the optimizer and schedule resume as they were, so a new value would be ignored. ``train.epochs``
+    too where a schedule spans it: the cosine rate (a longer horizon would restart it from its end), and the Gumbel
+    estimator's temperature (losses.gumbel_temperature anneals over train.epochs: a new total moves τ back up)."""
+    t = cfg.train
+    for key in SCHEDULE_KEYS:
         if key in saved and saved[key] != getattr(t, key):
             raise ConfigError(
                 f"--resume {resume}: train.{key} is {getattr(t, key)!r} but the run was trained with {saved[key]!r}; "
                 f"the optimizer and learning-rate schedule resume as they were, so the new value would be ignored. "
                 f"Resume with train.{key}={saved[key]!r}, or start a new run from this one with --init")
+    spans = _schedules_over_epochs(saved, cfg)
+    if spans and "epochs" in saved and saved["epochs"] != t.epochs:
+        raise ConfigError(
+            f"--resume {resume}: train.epochs is {t.epochs!r} but the run was trained with {saved['epochs']!r}, and "
+            f"{spans} spans train.epochs, so a new total would change it mid-run. Resume with "
+            f"train.epochs={saved['epochs']!r}, or start a new run from this one with --init")
+
+
+def _schedules_over_epochs(saved: dict, cfg: Config) -> str | None:
+    """What in this run is scheduled over train.epochs (None: nothing)."""
+    if saved.get("lr_schedule") == "cosine":
+        return "the cosine learning-rate schedule"
+    gumbel = (cfg.model.attention.attention == "hard" and cfg.train.objective != "scst"
+              and cfg.train.hard.estimator == "gumbel")
+    if gumbel:
+        return ("the Gumbel-softmax temperature (train.hard.temperature down to temperature_min, "
+                "losses.gumbel_temperature: a longer run would read at a higher temperature again)")
+    return None
