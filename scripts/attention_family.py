@@ -117,7 +117,17 @@ class Family:
         return self.runs / row.name
 
     def row_file(self, row: Row) -> Path:
-        return self.run_dir(row) / "family-row.json"
+        """The row's figures, beside the family's JSON (committed with the page: runs/ does not outlive a session,
+        so a finished row is known by this file, and only an unfinished one needs its run folder)."""
+        return self.json_path.parent / "rows" / f"{row.name}.json"
+
+    @property
+    def speed_file(self) -> Path:
+        return self.json_path.parent / "speed.json"
+
+    @property
+    def pointer_file(self) -> Path:
+        return self.json_path.parent / "pointer.json"
 
     def sets(self, row: Row) -> list[str]:
         """The overrides every row shares (the budget, its folder), then the row's own."""
@@ -239,6 +249,7 @@ def run_rows(family: Family, rows: Sequence[Row], fresh: bool = False) -> None:
         figures = row_figures(family, row, result, wall)
         from captioner.atomic import write_text_atomic
 
+        family.row_file(row).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(family.row_file(row), json.dumps(figures, indent=2) + "\n")
         spent.append(figures["row_wall_s"])
         print(f"    {row.name}: BLEU-4 {_fmt(figures['BLEU-4'])}  METEOR {_fmt(figures['METEOR'])}  "
@@ -261,56 +272,63 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_steps: int = 3,
-                  decode_images: int = 32, batch_size: int = 64) -> dict[str, dict]:
-    """Training captions/s and decoding images/s (beam 3) of every finished row, in one process, the rows taking
-    turns ``repeats`` times (medians): the machine's drift touches every row alike."""
+                  decode_images: int = 32, batch_size: int = 64, words: int = 20) -> dict[str, dict]:
+    """Training captions/s and decoding images/s (beam 3, ``words`` words per caption: <end> held off so every row
+    decodes as many steps) of every finished row, in one process, the rows taking turns ``repeats`` times (medians):
+    the machine's drift touches every row alike. Each row's model is built from its config with fresh weights (the
+    time of a step does not depend on the weights' values), so no checkpoint is needed."""
     import torch
 
-    from captioner.api import load_captioner
-    from captioner.data.datasets import GridCaptionDataset, collate_captions
-    from captioner.training.inputs import load_split_records, open_feature_cache
+    from captioner.api import build_model
+    from captioner.config import load_config
+    from captioner.data.datasets import GridCaptionDataset, build_vocab, collate_captions, load_records
+    from captioner.training.inputs import open_feature_cache
     from captioner.training.loop import _build_optimizer, _TrainForward, compute_loss
 
     ready = [row for row in rows if family.row_file(row).exists()]
     if not ready:
         return {}
-    models, loaders = {}, {}
+    models, inputs = {}, {}
     for row in ready:
-        model = load_captioner(family.run_dir(row) / "best.pt")
-        cfg = model.config
-        records = load_split_records(cfg, "val", 0, 1)[: max(batch_size, decode_images)]
+        cfg = load_config(family.config, family.sets(row))
+        cfg.model.encoder.pretrained = False  # the frozen backbone is not run: the rows come from the cache
+        if not models:
+            vocab = build_vocab(load_records(cfg.data, "train"), cfg.data.min_count)
+            records = load_records(cfg.data, "val")[: max(batch_size, decode_images)]
+        torch.manual_seed(0)
+        model = build_model(cfg, vocab)
         cache = open_feature_cache(cfg, model, records, 0, 1)
-        dataset = GridCaptionDataset(records, model.vocab, cfg.data.max_length, cache=cache)
-        batch = collate_captions(dataset.__getitems__(list(range(batch_size))))
-        grids = torch.from_numpy(cache.get_batch([r.image_id for r in records[:decode_images]])).float()
-        models[row.name] = (model, cfg)
-        loaders[row.name] = (batch, grids)
+        dataset = GridCaptionDataset(records, vocab, cfg.data.max_length, cache=cache)
+        # (a split smaller than a batch, as in the tests, repeats its captions and photos)
+        batch = collate_captions(dataset.__getitems__([i % len(dataset) for i in range(batch_size)]))
+        ids = [records[i % len(records)].image_id for i in range(decode_images)]
+        rows_in = torch.from_numpy(cache.get_batch(ids)).float()
+        models[row.name], inputs[row.name] = (model, cfg), (batch, rows_in)
     times: dict[str, dict[str, list[float]]] = {row.name: {"train": [], "decode": []} for row in ready}
     for _ in range(repeats):
         for row in ready:
             model, cfg = models[row.name]
-            batch, grids = loaders[row.name]
+            batch, rows_in = inputs[row.name]
             model.train()
             forward = _TrainForward(model, from_images=False)
             optimizer = _build_optimizer(cfg, model)
-            hard = model.decoder.stochastic
             for step in range(train_steps + 1):  # the first step warms up (allocations, kernels)
                 start = time.perf_counter()
-                res = compute_loss(forward, batch, cfg, hard, baseline=0.0)
+                res = compute_loss(forward, batch, cfg, model.decoder.stochastic, baseline=0.0)
                 optimizer.zero_grad(set_to_none=True)
                 res.loss.backward()
                 optimizer.step()
                 if step:
                     times[row.name]["train"].append(time.perf_counter() - start)
             model.eval()
-            options = model.decode_options.replace_given(beam=3)
+            options = model.decode_options.replace_given(beam=3, max_length=words)
             with torch.no_grad():
                 start = time.perf_counter()
-                model.generate(model.prepare_rows(grids), options)
+                model.generate(model.prepare_rows(rows_in), options, min_length=words)
                 times[row.name]["decode"].append(time.perf_counter() - start)
     return {name: {"train_captions_per_s": round(batch_size / statistics.median(t["train"]), 1),
                    "decode_images_per_s": round(decode_images / statistics.median(t["decode"]), 1),
-                   "repeats": repeats}
+                   "repeats": repeats, "words": words}
             for name, t in times.items()}
 
 
@@ -327,8 +345,8 @@ def write_report(family: Family) -> None:
     from captioner.atomic import write_text_atomic
 
     rows = collect(family)
-    speed_file = family.runs / "speed.json"
-    speed = json.loads(speed_file.read_text(encoding="utf-8")) if speed_file.exists() else {}
+    family.json_path.parent.mkdir(parents=True, exist_ok=True)
+    speed = json.loads(family.speed_file.read_text(encoding="utf-8")) if family.speed_file.exists() else {}
     for row in rows:
         row.update(speed.get("rows", {}).get(row["name"], {}))
     payload = {"budget_epochs": family.epochs, "config": str(family.config), "rows": rows,
@@ -373,9 +391,8 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
                 f"{_cell(r['cell_changes'], 1, True)} | {mirror} | {_minutes(r['train_wall_s'])} |")
         lines.append("")
     lines += [f"![{p.stem}]({os.path.relpath(p, family.doc.parent)})" for p in plots]
-    pointer_file = family.runs / "pointer.json"
-    if pointer_file.exists():
-        pointer = json.loads(pointer_file.read_text(encoding="utf-8"))
+    if family.pointer_file.exists():
+        pointer = json.loads(family.pointer_file.read_text(encoding="utf-8"))
         lines += ["", f"**Pointer network: sorting** (`python scripts/attention_family.py pointer`, "
                       f"examples/pointer_network.py, additive scorer, hidden 64; {pointer['cpu']})", "",
                   "| numbers per sequence | Adam steps (batch 128) | exact match (2,000 new sequences) "
@@ -511,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pointer-lengths", default="5,10,20")
     args = parser.parse_args(argv)
     family = _family(args)
+    family.json_path.parent.mkdir(parents=True, exist_ok=True)
     rows = _rows(args.rows)
     if args.phase == "list":
         for row in ROWS:
@@ -523,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from captioner.atomic import write_text_atomic
 
         figures = measure_speed(family, rows, repeats=args.repeats)
-        write_text_atomic(family.runs / "speed.json", json.dumps({"rows": figures, "cpu": _cpu_name(),
+        write_text_atomic(family.speed_file, json.dumps({"rows": figures, "cpu": _cpu_name(),
                                                                    "measured": time.strftime("%Y-%m-%d %H:%M")},
                                                                   indent=2) + "\n")
         for name, f in figures.items():
@@ -533,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from captioner.atomic import write_text_atomic
 
         table = pointer_table([int(n) for n in args.pointer_lengths.split(",")], steps=args.pointer_steps)
-        write_text_atomic(family.runs / "pointer.json", json.dumps({"rows": table, "cpu": _cpu_name()}, indent=2))
+        write_text_atomic(family.pointer_file, json.dumps({"rows": table, "cpu": _cpu_name()}, indent=2))
         for r in table:
             print(f"length {r['length']:>3}: exact match {100 * r['exact_match']:.1f} %  ({r['train_s']:.0f} s)")
     write_report(family)

@@ -56,10 +56,19 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path)]) == 0
     assert "soft_dot: done" in capsys.readouterr().out and best.stat().st_mtime_ns == stamp
 
+    # the speed phase: the two rows taking turns, their figures in the table
+    assert family.main(["speed", "--rows", "soft_additive,soft_dot", "--repeats", "2", *_args(tmp_path)]) == 0
+    speed = json.loads((tmp_path / "docs" / "family" / "speed.json").read_text())["rows"]
+    assert set(speed) == {"soft_additive", "soft_dot"}
+    assert all(v["train_captions_per_s"] > 0 and v["decode_images_per_s"] > 0 for v in speed.values())
+    rows = {r["name"]: r for r in json.loads((tmp_path / "docs" / "family" / "family.json").read_text())["rows"]}
+    assert rows["soft_dot"]["train_captions_per_s"] == speed["soft_dot"]["train_captions_per_s"]
+    page = (tmp_path / "docs" / "family.md").read_text()
+
     # the page's own prose around the generated table survives a report
     doc = tmp_path / "docs" / "family.md"
     doc.write_text("# Family\n\nprose before\n\n" + page[page.index(family.TABLE_START):] + "\nprose after\n")
-    (tmp_path / "runs" / "pointer.json").write_text(json.dumps(
+    (tmp_path / "docs" / "family" / "pointer.json").write_text(json.dumps(
         {"cpu": "test CPU", "rows": [{"length": 5, "steps": 30, "exact_match": 0.5, "train_s": 1.0}]}))
     assert family.main(["report", *_args(tmp_path)]) == 0
     text = doc.read_text()
@@ -67,7 +76,7 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     assert "| 5 | 30 | 50.0 % | 1 s |" in text  # the pointer table, from its JSON
 
     # an interrupted row (its evaluation lost, training one epoch short of a larger budget) resumes from last.pt
-    (tmp_path / "runs" / "soft_additive" / "family-row.json").unlink()
+    (tmp_path / "docs" / "family" / "rows" / "soft_additive.json").unlink()
     assert family.main(["run", "--rows", "soft_additive", *_args(tmp_path, "--epochs", "2")]) == 0
     log = (tmp_path / "runs" / "soft_additive" / "family.log").read_text()
     assert "--resume" in log and "resuming" in log
