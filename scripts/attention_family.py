@@ -438,12 +438,7 @@ def write_plots(family: Family, rows: list[dict]) -> list[Path]:
         ax.set_xlabel("training captions / s" + ("" if measured else " (during the run)"))
         ax.set_ylabel("CIDEr-D (val, beam 3)")
         ax.set_title(f"Quality against training speed ({family.epochs} epochs each)")
-        fig.text(0.01, 0.01, "python scripts/attention_family.py report", fontsize=7, family="monospace")
-        fig.tight_layout(rect=(0, 0.03, 1, 1))
-        path = family.plots / "quality-speed.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_plot(fig, family.plots / "quality-speed.png"))
     widths = [r for r in rows if r.get("key_width") and r["scorer"] in ("dot", "scaled_dot")]
     if widths:
         fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8))
@@ -459,13 +454,19 @@ def write_plots(family: Family, rows: list[dict]) -> list[Path]:
             ax.set_ylabel(label)
             ax.legend(fontsize=8)
         fig.suptitle("Softmax saturation against key width (val, beam 3)")
-        fig.text(0.01, 0.01, "python scripts/attention_family.py report", fontsize=7, family="monospace")
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
-        path = family.plots / "entropy-width.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_plot(fig, family.plots / "entropy-width.png"))
     return written
+
+
+def _save_plot(fig: Any, path: Path) -> Path:
+    """Write ``fig`` with the command that makes it in its corner."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.01, 0.01, "python scripts/attention_family.py report", fontsize=7, family="monospace")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 # --------------------------------------------------------------------------- the pointer network
