@@ -102,3 +102,40 @@ def test_per_epoch_validation_reports_the_mirror_figures_when_asked(tmp_path):
     asked = run("asked", "eval.mirror_check=true")
     assert asked["mirror_words"] >= 0 and "columns_stay" in asked
     assert "mirror_words" not in run("plain")
+
+
+def test_mirrored_photos_are_prepared_like_cached_originals(smoke_checkpoint, tmp_path_factory, monkeypatch):
+    """Originals decoded from the float16 feature cache meet mirrored photos rounded to the same float16 rows
+    (issue 45: a float32 mirror against a float16 original could move an arg-max cell for the rounding alone)."""
+    import torch
+
+    from captioner.api import load_captioner
+    from captioner.data.datasets import load_records
+    from captioner.decoding.options import DecodeOptions
+    from captioner.evaluation import split
+
+    model = load_captioner(smoke_checkpoint, device="cpu")
+    cfg = model.config
+    cfg.data.root = str(tmp_path_factory.mktemp("shapes_cache"))
+    records = load_records(cfg.data, "val")[:3]
+    seen = []
+    real = model.prepare_rows
+
+    def spy(rows):
+        seen.append(rows.detach().clone())
+        return real(rows)
+
+    monkeypatch.setattr(model, "prepare_rows", spy)
+    options = DecodeOptions(beam=1)
+    reads = split.decode_reads(model, split._grid_batches(model, records, 8, None, _NoBar()), options)[1]
+    seen.clear()
+    split.mirror_figures(model, records, reads, options, 8, cached_originals=True)
+    assert seen and all(torch.equal(r, r.half().float()) for r in seen)  # float16 rows, as the cache serves
+    seen.clear()
+    split.mirror_figures(model, records, reads, options, 8, cached_originals=False)
+    assert seen and not all(torch.equal(r, r.half().float()) for r in seen)  # the image's float32 rows
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass

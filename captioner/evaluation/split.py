@@ -85,10 +85,12 @@ class _Grounding:
         return float(np.mean(self.shares)) if self.shares else None
 
 
-def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: Any, jpeg_quality: int | None = None
-                  ) -> Iterator[tuple[Sequence, torch.Tensor]]:
+def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: Any, jpeg_quality: int | None = None,
+                  like_cache: bool = False) -> Iterator[tuple[Sequence, torch.Tensor]]:
     """(records, prepared grid (B, L, D)) per batch: from the feature cache when given, else the images,
-    each re-encoded as a JPEG of ``jpeg_quality`` first when that is given."""
+    each re-encoded as a JPEG of ``jpeg_quality`` first when that is given. ``like_cache``: images are encoded to
+    the rows the cache would hold, rounded to its float16, before the rest of the model (what the mirror check
+    needs when the originals came from the cache: one preparation for both sides)."""
     from captioner.data.images import load_image, reencode_jpeg
 
     def image(record):
@@ -102,8 +104,12 @@ def _grid_batches(model, records: Sequence, batch_size: int, cache: Any, bar: An
         else:  # a mirrored copy (data.datasets.mirrored_records) is flipped after the transform, as in training
             inputs = torch.stack([_flipped(model.transform(image(r)), getattr(r, "mirrored", False))
                                   for r in batch])  # (B, 3, S, S)
-        # cached rows cross to the device as float16 and are widened there (exact: the same float32 values)
-        yield batch, model.grid_from(inputs.to(model.device).float(), images=cache is None)
+        inputs = inputs.to(model.device).float()  # cached rows cross as float16, widened there (exact)
+        if cache is None and like_cache:
+            rows = model.encoder.cache_features(inputs).half().float()  # (B, l, C): what the cache would serve
+            yield batch, model.prepare_rows(rows)
+        else:
+            yield batch, model.grid_from(inputs, images=cache is None)
         bar.update(len(batch))
 
 
@@ -162,7 +168,8 @@ def evaluate_model(
     bar.close()
     mirror = {}
     if mirror_check:
-        mirror = mirror_figures(model, records, reads, options, batch_size, progress, jpeg_quality)
+        mirror = mirror_figures(model, records, reads, options, batch_size, progress, jpeg_quality,
+                                cached_originals=cache is not None)
     references = {r.image_id: list(r.raw) for r in records}
     scores = caption_scores(predictions, references, meteor=meteor, tokenizer=tokenizer,
                             **({"metrics": metrics} if metrics else {}))
@@ -208,19 +215,21 @@ def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _G
 
 
 def mirror_figures(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, batch_size: int,
-                   progress: bool = False, jpeg_quality: int | None = None) -> dict:
+                   progress: bool = False, jpeg_quality: int | None = None, cached_originals: bool = False) -> dict:
     """Caption the left-right mirror of every photo (from its image: flipped after the transform, as training's
     data.mirror copies) with the same settings, and compare its attention with the original's
     (metrics.mirror_following). ``reads``: image id -> (words, alphas, cells) of the original photos'
-    captions; ``options``: how they were decoded (the per-epoch validation's are greedy)."""
+    captions; ``options``: how they were decoded (the per-epoch validation's are greedy). ``cached_originals``: the
+    originals' grids came from the float16 feature cache, so the mirrored photos' are rounded the same way (else a
+    cell read by arg-max could move for the rounding alone)."""
     from captioner.data.datasets import mirrored_records
 
     if not reads:
         raise ValueError("mirror_check: this model's decoding gives no attention maps to compare")
     mirrored = mirrored_records([r for r in records if r.image_id in reads])
     bar = tqdm(total=len(mirrored), desc="decode mirrored photos", unit="img", disable=not progress, leave=False)
-    _, mirrored_reads = decode_reads(model, _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality),
-                                     options)
+    batches = _grid_batches(model, mirrored, batch_size, None, bar, jpeg_quality, like_cache=cached_originals)
+    _, mirrored_reads = decode_reads(model, batches, options)
     bar.close()
     pairs = [(*reads[key.removesuffix(MIRROR_SUFFIX)], *value) for key, value in mirrored_reads.items()]
     return mirror_following(pairs, model.grid_hw)

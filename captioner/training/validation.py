@@ -59,7 +59,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
         predictions, reads = decode_reads(model, batches(), options)
         references = {record.image_id: record.raw for record in decode_set.records}
         scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
-        mirror = _mirror_check(model, cfg, decode_set.records, reads, options)
+        mirror = _mirror_check(model, cfg, decode_set.records, reads, options, cached_originals=not from_images)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
@@ -72,11 +72,12 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
     return result
 
 
-def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions) -> dict:
+def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,
+                  cached_originals: bool) -> dict:
     """With ``eval.mirror_check``, the mirror figures of the greedy captions (evaluation/split.mirror_figures: the
     mirrored photos are encoded from their images, in float32 as the originals are decoded), else nothing."""
     if not cfg.eval.mirror_check or not reads:
         return {}
     from captioner.evaluation.split import mirror_figures
 
-    return mirror_figures(model, records, reads, options, cfg.eval.batch_size)
+    return mirror_figures(model, records, reads, options, cfg.eval.batch_size, cached_originals=cached_originals)
