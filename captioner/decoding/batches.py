@@ -7,8 +7,7 @@ options forbid it. It sits below the training loop and the commands (neither imp
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -16,13 +15,13 @@ from captioner.decoding.options import DecodeOptions
 
 
 @torch.no_grad()
-def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], options: DecodeOptions,
-                   autocast: Callable[[], ContextManager] = nullcontext) -> Iterator[tuple[Any, Any, list[str]]]:
+def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], options: DecodeOptions
+                   ) -> Iterator[tuple[Any, Any, list[str]]]:
     """Decode (records, grid (B, L, D)) batches with an ``api.ImageCaptioner``: yields (record, best
-    hypothesis, words) per image. ``autocast`` wraps each batch's search (training passes its AMP context)."""
+    hypothesis, words) per image, in float32 for validation and evaluate alike (training's mixed precision stops
+    at the teacher-forced loss: best.pt is picked on the captions evaluate reports)."""
     for records, grid in batches:
-        with autocast():
-            hyps = model.generate(grid, options)
+        hyps = model.generate(grid, options)
         for record, per_image in zip(records, hyps):
             best = per_image[0]
             yield record, best, model.words(best)

@@ -9,7 +9,6 @@ beside them when the data set knows object regions (the shapes boxes).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -196,14 +195,14 @@ def evaluate_model(
     }
 
 
-def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _Grounding | None = None,
-                 autocast: Any = nullcontext) -> tuple[dict[str, str], dict[str, tuple]]:
-    """Decode (records, grid) batches with ``options`` (decode_batches; ``autocast``: its AMP context): the caption per
-    image id, and per image id with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of).
-    What evaluate_model, the mirror check and training's per-epoch validation decode with."""
+def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _Grounding | None = None
+                 ) -> tuple[dict[str, str], dict[str, tuple]]:
+    """Decode (records, grid) batches with ``options`` (decode_batches): the caption per image id, and per image id
+    with attention maps its (words, alphas (n_words, L), cells (n_words,): cells_of). What evaluate_model, the mirror
+    check and training's per-epoch validation decode with."""
     predictions: dict[str, str] = {}
     reads: dict[str, tuple] = {}
-    for record, best, words in decode_batches(model, batches, options, autocast):
+    for record, best, words in decode_batches(model, batches, options):
         predictions[record.image_id] = " ".join(words)
         if best.alphas is None:
             continue
