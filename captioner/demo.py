@@ -10,9 +10,11 @@ metrics and attention grounding), captions a few test images and writes their ov
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Sequence
 
+from captioner.atomic import write_bytes_atomic
 from captioner.config import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "shapes.yaml"  # shipped with the package
@@ -44,7 +46,9 @@ def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS) -> list[dict]:
     images = [sample_photo(n) for n in names]
     results = []
     for name, image, out in zip(names, images, model.caption(images)):
-        image.save(out_dir / f"{name}.png")  # lossless: `captioner caption` on it gives the same caption
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")  # lossless: `captioner caption` on it gives the same caption
+        write_bytes_atomic(out_dir / f"{name}.png", buffer.getvalue())  # a full disk is named
         target = save_overlay(image, out, out_dir / f"{name}_attention.png")
         results.append({"photo": name, "caption": out["caption"], "overlay": str(target)})
     return results

@@ -10,6 +10,7 @@ canvas, never pyplot's global state, so it runs in workers and tests without a d
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image, ImageDraw, ImageFont
 
+from captioner.atomic import write_bytes_atomic
 from captioner.evaluation.metrics import as_numpy
 
 UPSAMPLING = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}  # torch interpolate modes
@@ -214,7 +216,9 @@ def save_attention_gif(
         frames.append(frame)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
+    write_bytes_atomic(path, buffer.getvalue())  # whole or not at all; a full disk is named (atomic.DiskFullError)
     return path
 
 
@@ -224,5 +228,7 @@ def save_overlay(image: Image.Image | np.ndarray, result: dict, target: Path, no
     line under the panels. What `captioner caption --attention-out` and the demo write."""
     fig = overlay_attention(image, result["words"], result["alphas"], result["grid_hw"],
                             chosen=result.get("locations"), note=note)
-    fig.savefig(target, dpi=80, bbox_inches="tight")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+    write_bytes_atomic(target, buffer.getvalue())  # whole or not at all; a full disk is named (atomic.DiskFullError)
     return Path(target)

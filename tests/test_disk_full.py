@@ -176,3 +176,21 @@ def test_the_feature_cache_file_is_allocated_not_sparse(tmp_path):
     assert grids.stat().st_size == 3 * 49 * 64 * 2
     if hasattr(os, "posix_fallocate"):
         assert grids.stat().st_blocks * 512 >= grids.stat().st_size  # every block on disk
+
+
+def test_an_overlay_on_a_full_disk_says_so_and_leaves_nothing(tmp_path, monkeypatch, free_1234):
+    """Overlays (caption --attention-out, the demo) are written whole through the atomic writer, so a full disk
+    is named and no truncated PNG is left behind."""
+    import numpy as np
+
+    from captioner import visualize
+
+    def full(fd, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    result = {"words": ["a", "dog"], "alphas": np.full((2, 4), 0.25), "grid_hw": (2, 2)}
+    image = np.zeros((32, 32, 3), dtype=np.uint8)
+    monkeypatch.setattr(atomic.os, "fdopen", full)
+    with pytest.raises(DiskFullError, match=r"overlay\.png.*disk is full"):
+        visualize.save_overlay(image, result, tmp_path / "overlay.png")
+    assert _only(tmp_path) == []

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from captioner.atomic import write_text_atomic
+from captioner.atomic import raise_if_disk_full, write_text_atomic
 
 SHAPES = ["circle", "square", "triangle", "star"]
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
@@ -117,7 +117,11 @@ def generate_shapes(
         image, objects = _draw_scene(rng, image_size)
         filename = f"{imgid:06d}.png"
         # 3: half the time of the default 6 for 30% larger files
-        image.save(image_dir / filename, format="PNG", compress_level=3)
+        try:
+            image.save(image_dir / filename, format="PNG", compress_level=3)
+        except OSError as err:  # a full disk is named (atomic.DiskFullError); the data set is rebuilt on next use
+            raise_if_disk_full(err, image_dir / filename, action="write the shapes image")
+            raise
         sentences = []
         for k, (tokens, refs) in enumerate(_captions(objects)):
             sentences.append(
