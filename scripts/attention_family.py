@@ -290,8 +290,7 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
         return {}
     models, inputs = {}, {}
     for row in ready:
-        cfg = load_config(family.config, family.sets(row))
-        cfg.model.encoder.pretrained = False  # the frozen backbone is not run: the rows come from the cache
+        cfg = load_config(family.config, family.sets(row))  # its pretrained backbone names the rows' cache
         if not models:
             vocab = build_vocab(load_records(cfg.data, "train"), cfg.data.min_count)
             records = load_records(cfg.data, "val")[: max(batch_size, decode_images)]
@@ -374,7 +373,13 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
     repo = family.doc.resolve().parent.parent  # the page sits in docs/: paths are shown from the checkout's root
     shown = os.path.relpath(family.json_path.resolve(), repo)
     lines = [f"Budget: {family.epochs} epochs of Flickr8k's 30,000 training captions per row, "
-             f"`{family.config}` for everything the row does not set. Generated from `{shown}`.", ""]
+             f"`{family.config}` for everything the row does not set. Generated from `{shown}`."]
+    speed = json.loads(family.speed_file.read_text(encoding="utf-8")) if family.speed_file.exists() else {}
+    if speed:
+        lines.append(f"Speeds: `speed`, the rows taking turns ({speed.get('measured', '?')}, {speed.get('cpu', '?')}, "
+                     f"float32 matmul at {speed.get('matmul_gflops', '?')} GFLOP/s); decoding at beam 3, 20 words "
+                     "per caption.")
+    lines.append("")
     for study, title in (("family", "The family"), ("width", "Dot against scaled dot, by key width")):
         chosen = [r for r in rows if r["study"] == study]
         if not chosen:
@@ -543,6 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         figures = measure_speed(family, rows, repeats=args.repeats)
         write_text_atomic(family.speed_file, json.dumps({"rows": figures, "cpu": _cpu_name(),
+                                                         "matmul_gflops": round(_matmul_gflops(), 1),
                                                                    "measured": time.strftime("%Y-%m-%d %H:%M")},
                                                                   indent=2) + "\n")
         for name, f in figures.items():
@@ -557,6 +563,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"length {r['length']:>3}: exact match {100 * r['exact_match']:.1f} %  ({r['train_s']:.0f} s)")
     write_report(family)
     return 0
+
+
+def _matmul_gflops(repeats: int = 10) -> float:
+    """The machine's float32 matmul rate now (scripts/bench.py's reference product, 512x2048 @ 2048x2048): the
+    yardstick printed beside every absolute speed."""
+    import torch
+
+    a, b = torch.randn(512, 2048), torch.randn(2048, 2048)
+    torch.mm(a, b)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * 512 * 2048 * 2048 / statistics.median(times) / 1e9
 
 
 def _cpu_name() -> str:
