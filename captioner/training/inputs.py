@@ -50,17 +50,15 @@ def open_feature_cache(cfg: Config, model: nn.Module, records: list[ImageRecord]
 
     fingerprint = model.encoder.cache_fingerprint()
     directory = cache_dir_for(cfg.data, fingerprint)
-    if world > 1 and open_complete_cache(directory, records, fingerprint) is None:
-        # every rank sees the same files, so every rank refuses: none is left waiting at a collective
-        raise DataError(f"{directory}: the feature cache of this encoder is incomplete for these {len(records)} "
-                        "images; under torchrun run `captioner extract --config CONFIG` first, in one process "
-                        "(extracting on rank 0 would outlast the other ranks' wait at the process group)")
-    if rank == 0 and open_complete_cache(directory, records, fingerprint) is None:
+    if open_complete_cache(directory, records, fingerprint) is None:
+        if world > 1:  # every rank sees the same files, so every rank refuses: none is left waiting at a collective
+            raise DataError(f"{directory}: the feature cache of this encoder is incomplete for these {len(records)} "
+                            "images; under torchrun run `captioner extract --config CONFIG` first, in one process "
+                            "(extracting on rank 0 would outlast the other ranks' wait at the process group)")
         log.info("extracting encoder grids for %d images into %s", len(records), directory)
         extract_features(model.encoder, records, directory, batch_size=cfg.eval.batch_size,
                          num_workers=cfg.data.num_workers, max_failure_share=cfg.data.max_failure_share,
                          progress=True)
-    barrier(world)
     return FeatureCache.open(directory, expected_fingerprint=fingerprint)
 
 
