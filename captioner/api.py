@@ -17,7 +17,6 @@ describe (``load_model_folder``, ``load_shipped``) and writes them (``export_mod
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,14 +36,8 @@ from captioner.models.ensemble import CaptionerEnsemble, cells_shown_words, chec
 from captioner.runtime import resolve_device
 from captioner.store import zoo
 from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
-from captioner.store.hub import (
-    hub_model_folder,
-    is_model_folder,
-    load_folder_weights,
-    looks_like_repo_id,
-    read_model_folder,
-    save_model_folder,
-)
+from captioner.store.hub import read_model_folder, save_model_folder
+from captioner.store.locate import load_weights, locate
 from captioner.store.saved_config import read_saved_config
 
 
@@ -56,9 +49,11 @@ class CaptionsInWords:
     @property
     def caption_options(self) -> DecodeOptions:
         """How a caption for people is decoded when nothing says otherwise: the model's options (its config's
-        eval section) with <unk> forbidden. ``caption`` and the demo page (serving.server.page_options) start
-        from these."""
-        return self.decode_options.replace_given(forbid_unk=True)
+        eval section) ``for_people`` (<unk> forbidden). ``caption``, ``captioner caption`` and the demo page
+        (serving.server.page_options) start from these. An ensemble's read may still be to choose
+        (models/ensemble.UnchosenRead: ``caption(images, attention_mode=...)`` chooses it, ``caption(images)``
+        refuses naming the members' reads)."""
+        return self.decode_options.for_people()
 
     def words(self, hyp: Any) -> list[str]:
         """A hypothesis's token ids as words (<unk> kept: scores and captions show what was decoded)."""
@@ -68,7 +63,8 @@ class CaptionsInWords:
     def caption(self, images: Sequence[Any], options: DecodeOptions | None = None, **settings: Any) -> list[dict]:
         """Caption PIL images or image paths, decoded with ``options`` (default: ``caption_options``, the
         model's with <unk> forbidden: captions here are for people) and then ``settings``, any DecodeOptions
-        field given by name (``caption(images, beam=5, n_best=3)``).
+        field given by name (``caption(images, beam=5, n_best=3)``): the Python API's one merge of settings
+        (the commands merge their flags once and pass the options whole).
 
         Returns, per image, a dict: ``caption`` (str), ``words``, ``alphas`` (numpy, (n_words, L)),
         ``grid_hw`` (H, W), ``score`` (sum of log-probabilities), ``attention_mode``, ``locations``
@@ -178,13 +174,6 @@ class ImageCaptionerEnsemble(CaptionsInWords, CaptionerEnsemble):
         return {"members": self.sources, "attention": self.attention_shown,
                 "cells": cells_shown_words(self.attention_shown, self.sources[0])}
 
-    @property
-    def caption_options(self) -> DecodeOptions:
-        """The first member's caption options, the read still to be chosen when the members read differently
-        (models/ensemble.UnchosenRead: ``caption(images, attention_mode=...)`` chooses it, ``caption(images)``
-        refuses naming the members' reads)."""
-        return dataclasses.replace(self.decode_options, forbid_unk=True)
-
     def _result(self, per_image: list[Any], locations: int, mode: str) -> dict:
         return {**super()._result(per_image, locations, mode), "ensemble": self.ensemble}
 
@@ -202,13 +191,6 @@ def has_installed_backbone(cfg: Config) -> bool:
     """Whether the backbone's weights are the installed pretrained ones, never changed by training (a frozen
     pretrained encoder): a model folder then leaves them out and rebuilds them from the installation."""
     return cfg.model.encoder.pretrained and cfg.model.encoder.finetune_blocks == 0
-
-
-def reads_cached_grids(cfg: Config) -> bool:
-    """Whether training and evaluation read the feature cache (``data.use_cache``) rather than running the
-    encoder on images: decided here only. A frozen encoder's cache holds its grids; a fine-tuned one's holds
-    the activations below its trainable blocks (captioner/models/encoder.py), which the model finishes."""
-    return cfg.data.use_cache
 
 
 def build_encoder_from_config(enc: EncoderConfig) -> Encoder:
@@ -297,25 +279,25 @@ def load_ensemble(paths: Sequence[str | Path], device: Any = "auto", attention: 
 
 
 def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCaptioner:
-    """Rebuild one captioner from
+    """Rebuild one captioner from what ``path`` names, by the one rule of ``store.locate.locate`` (in this order):
 
     - nothing, or a shipped model's name (``"flickr8k"``): the pretrained model shipped with the package
       (captioner/store/zoo.py);
     - a model folder (model.safetensors + config.json + README.md: ``captioner export``, captioner/store/hub.py);
     - a hub model id, ``"owner/name"``, that is not a path: that model folder from huggingface_hub's local
       cache, downloaded there first unless the hub is offline (``HF_HUB_OFFLINE=1``);
-    - a checkpoint file, or a run directory holding best.pt / last.pt.
+    - a checkpoint file, or a run directory: its best.pt, else its last.pt.
 
     A checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
     ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
     state dict is checked key by key, so a mismatch names the field that differs.
     """
-    if path is None or zoo.is_shipped_name(str(path)):
-        return load_shipped(None if path is None else str(path), device=device)
-    if is_model_folder(path):
-        return load_model_folder(path, device=device)
-    if looks_like_repo_id(str(path)):
-        return load_model_folder(hub_model_folder(str(path)), device=device)
+    source = locate(path, prefer="best")
+    if source.kind == "shipped":
+        return load_shipped(source.path.name, device=device)
+    if source.kind != "checkpoint":  # a model folder, exported or in the hub's cache
+        return load_model_folder(source.path, device=device)
+    path = source.path  # the file: a run directory's best.pt or last.pt
     payload = load_checkpoint(path, map_location="cpu")
     for key in ("config", "vocab", "model"):
         if key not in payload:
@@ -334,7 +316,7 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
     # that disagrees with its weights (hidden_dim: 65536) is refused here instead of allocating tens of GB.
     check_state_dict(payload["model"], model_shapes(cfg, vocab), source=path)
     model = build_model(cfg, vocab)
-    model.load_state_dict(payload["model"])
+    load_weights(model, payload["model"], path)
     model.pretrained_backbone = pretrained_backbone  # its backbone weights are the installed ones (exports omit them)
     model.to(resolve_device(device, "device"))
     model.eval()
@@ -348,7 +330,7 @@ def load_model_folder(directory: str | Path, device: Any = "auto") -> ImageCapti
     fingerprint it records."""
     cfg, vocab, tensors, meta = read_model_folder(directory, expected_shapes=model_shapes)
     model = build_model(cfg, vocab)
-    load_folder_weights(model, tensors, meta, directory)
+    load_weights(model, tensors, directory, folder=meta)
     model.to(resolve_device(device, "device"))
     model.eval()
     return model

@@ -25,13 +25,20 @@ from typing import Any, Iterable
 
 import yaml
 
+# eval's decoding settings default to DecodeOptions' (torch-free): one default each, there
+from captioner.decoding.options import DecodeOptions
+
 # model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
 # (captioner/models/decoders/: its torch-free config modules, not the models)
 from captioner.models.decoders import DEFAULT_DECODER, DecoderFamilyConfig, family_config
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
-from captioner.names import BEAM, CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+
+# train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
+# (captioner/training/objectives/: its torch-free sections, not the objectives' code)
+from captioner.training.objectives import DEFAULT_OBJECTIVE, ObjectiveConfig, objective_config
 
 
 class ConfigError(ValueError):
@@ -112,50 +119,6 @@ class ModelConfig:
 
 
 @dataclass
-class HardConfig:
-    """Hard attention's location policy under cross-entropy (Xu et al. 2015, §4.1): REINFORCE (Eq. 10-12) or
-    the straight-through Gumbel-softmax read; each estimator reads its own keys (ESTIMATOR_KEYS)."""
-
-    estimator: str = "paper"  # paper (Eq. 10-12) | loo (K samples per caption) | gumbel (Gumbel-softmax); losses.py
-    reinforce_weight: float = 1.0  # lambda_r
-    entropy_weight: float = 0.01  # lambda_e (SCST has its own: train.scst.entropy_weight)
-    baseline_decay: float = 0.9  # paper: b <- decay * b + (1 - decay) * log p(y | s, a)
-    expectation_prob: float = 0.5  # per caption, replace the sampled cells by the expectation
-    samples: int = 4  # loo: location paths sampled per caption (K)
-    reward_discount: float = 1.0  # loo: delta of the reward to go (1: unbiased)
-    temperature: float = 1.0  # gumbel: tau of the relaxed read in the first epoch
-    temperature_min: float = 0.5  # gumbel: tau in the last epoch (geometric in between: losses.gumbel_temperature)
-
-
-# The train.hard keys each estimator reads (the others are unread_keys of its runs).
-ESTIMATOR_KEYS: dict[str, tuple[str, ...]] = {
-    "paper": ("reinforce_weight", "entropy_weight", "baseline_decay", "expectation_prob"),
-    "loo": ("reinforce_weight", "entropy_weight", "expectation_prob", "samples", "reward_discount"),
-    "gumbel": ("expectation_prob", "temperature", "temperature_min"),
-}
-
-
-@dataclass
-class ScstConfig:
-    """Self-critical sequence training (Rennie et al. 2017), ``train.objective: scst``."""
-
-    samples: int = 5  # captions sampled per image (k)
-    baseline: str = "mean"  # mean (of the image's other samples; Luo 2020) | greedy (Rennie et al.)
-    reward_end: bool = True  # score <end> as a word of the sampled and reference captions
-    max_length: int = 0  # most words per sampled caption; 0 = the decoding length (eval.max_length)
-    forbid_unk: bool = True  # never sample <unk> (captions are read by people)
-    greedy_images: int = 500  # training images whose greedy caption's reward is logged every epoch
-    # hard attention: sample (the cells are drawn with the words: one trajectory, one advantage) | argmax
-    # (words are sampled, each reads its arg-max cell as decoding does: the reward trains the words, not where
-    # to look; the scorer learns only from xe_weight's term, and only if eval.attention_mode reads softly)
-    attention_mode: str = "sample"
-    # hard attention, attention_mode sample: lambda_e, the location policy's entropy bonus. No default: it must
-    # be set (0 for none), never inherited from cross-entropy's train.hard.entropy_weight
-    entropy_weight: float = -1.0
-    xe_weight: float = 0.0  # a teacher-forced cross-entropy term on one reference per image (Paulus et al. 2018)
-
-
-@dataclass
 class TrainConfig:
     epochs: int = 20
     batch_size: int = 32
@@ -167,13 +130,10 @@ class TrainConfig:
     lr_step_epochs: int = 8
     lr_gamma: float = 0.5
     grad_clip: float = 5.0
-    alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14), per caption as in the paper
-    # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
-    alpha_entropy: float = 0.0
-    hard: HardConfig = field(default_factory=HardConfig)
-    objective: str = "xe"  # xe (cross-entropy, Eq. 14 / Eq. 10-12) | scst (self-critical, CIDEr-D reward)
+    # what a step minimises: the section of the objective train.objective.kind names (training/objectives/):
+    # xe (soft attention, Eq. 14) | reinforce (hard, Eq. 10-12) | loo | gumbel (hard) | scst (self-critical)
+    objective: ObjectiveConfig = field(default_factory=objective_config(DEFAULT_OBJECTIVE))
     init: str = ""  # a run directory, checkpoint or model folder (a shipped name) whose weights start this run
-    scst: ScstConfig = field(default_factory=ScstConfig)
     val_metric: str = "CIDEr-D"
     patience: int = 5
     val_max_images: int = 0  # 0 = the whole validation split
@@ -194,7 +154,7 @@ class TrainConfig:
     # off | offline (RUN_DIR/wandb, for `wandb sync`) | online; the wandb extra; captioner/training/wblog.py
     wandb: str = "off"
     num_threads: int = 0  # 0 = torch default
-    fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast_paths.py)
+    fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast)
     # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`
     keep_epochs: bool = False
     average_last: int = 0  # k > 0: RUN_DIR/averaged.pt, the mean of the last k epochs' weights (needs keep_epochs)
@@ -203,11 +163,13 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     split: str = "test"
-    beam_size: int = BEAM
+    beam_size: int = DecodeOptions.beam
     max_length: int = 0  # most words per decoded caption; 0 = data.max_length (what training saw)
-    length_penalty: float = 1.0  # beam ranking: score / length ** length_penalty (every decode reads it)
-    block_trigrams: bool = False  # no word that would repeat a trigram of its caption (every decode reads it)
-    attention_mode: str = "expectation"  # hard attention decoding: expectation | argmax | sample
+    # beam ranking: score / length ** length_penalty (every decode reads it)
+    length_penalty: float = DecodeOptions.length_penalty
+    # no word that would repeat a trigram of its caption (every decode reads it)
+    block_trigrams: bool = DecodeOptions.block_trigrams
+    attention_mode: str = DecodeOptions.attention_mode  # hard attention decoding: expectation | argmax | sample
     batch_size: int = 32
     mirror_check: bool = False  # per-epoch validation also captions the val photos mirrored (evaluate --mirror-check)
     tf32: bool = True  # on CUDA, caption / evaluate / serve run float32 matmuls in TF32 (runtime.enable_tf32)
@@ -251,19 +213,34 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
 
 
+# The sections whose dataclass its ``kind`` key picks: base class -> (the lookup by kind, the default kind, where
+# the section sits). model.decoder: a decoder family's; train.objective: a training objective's.
+_KINDED: dict[type, tuple[Any, str, tuple[str, ...]]] = {
+    DecoderFamilyConfig: (family_config, DEFAULT_DECODER, ("model", "decoder")),
+    ObjectiveConfig: (objective_config, DEFAULT_OBJECTIVE, ("train", "objective")),
+}
+
+
 def _section_class(cls: type, kind: Any) -> type:
-    """The dataclass of a section: itself, or for model.decoder the family of ``kind``."""
-    if cls is not DecoderFamilyConfig:
+    """The dataclass of a section: itself, or for model.decoder / train.objective the one ``kind`` names."""
+    if cls not in _KINDED:
         return cls
     try:
-        return family_config(kind)
+        return _KINDED[cls][0](kind)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
 
+def kinded_section(where: str, kind: Any) -> type:
+    """The dataclass of the kinded section at ``where`` ("model.decoder", "train.objective") for ``kind``;
+    ConfigError naming the valid kinds."""
+    base = next(base for base, (_, _, path) in _KINDED.items() if ".".join(path) == where)
+    return _section_class(base, kind)
+
+
 def _where(cls: type, prefix: str) -> str:
     """How an unknown key's message names the section it is not in."""
-    if issubclass(cls, DecoderFamilyConfig):
+    if issubclass(cls, tuple(_KINDED)):
         return f"{prefix} for kind {cls.kind}"
     return prefix or "top level"
 
@@ -271,14 +248,17 @@ def _where(cls: type, prefix: str) -> str:
 def _from_dict(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
-    cls = _section_class(cls, data.get("kind", DEFAULT_DECODER))
+    cls = _section_class(cls, data.get("kind", _KINDED[cls][1]) if cls in _KINDED else None)
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
         where = _where(cls, prefix)
+        # a file's section of one kind, its kind changed by --set: its keys are the other kind's
+        hint = (f"; to change a section's kind, set it whole: --set '{prefix}={{kind: {cls.kind}, ...}}'"
+                if issubclass(cls, tuple(_KINDED)) else "")
         raise ConfigError(
             f"unknown config key {'.'.join(filter(None, [prefix, str(unknown[0])]))!r} "
-            f"(valid keys at {where}: {', '.join(types_)})"
+            f"(valid keys at {where}: {', '.join(types_)}){hint}"
         )
     kwargs = {}
     for name, typ in types_.items():
@@ -309,45 +289,20 @@ def get_path(cfg: Any, path: str) -> Any:
     return cfg
 
 
+def hard_attention(cfg: Config) -> bool:
+    """Whether the model's attention is hard (it has a location policy): what decides which objectives can train
+    it (train.objective's sections) and which of their keys a run reads. Decided here only."""
+    return cfg.model.attention.attention == "hard" and "attention" in cfg.model.decoder.ATTENTION_KEYS
+
+
 def unread_keys(cfg: Config) -> dict[str, str]:
-    """The train keys this run's objective would not read (path -> why), by the attention kind
-    (soft or hard), train.objective and train.hard.estimator: SCST's loss has no attention terms, only
-    hard attention has a location policy, and each estimator reads its own settings; and the data keys
+    """The keys this run would not read (path -> why): the train.objective keys its objective ignores for this
+    attention (the section's ``unread``), the model.attention keys its decoder family ignores, and the data keys
     its data.format would not read (``unread_data_keys``)."""
-    hard = cfg.model.attention.attention == "hard"
-    hard_keys = [f"train.hard.{f.name}" for f in dataclasses.fields(HardConfig)]
-    unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_attention_keys(cfg.model.decoder)}
+    unread: dict[str, str] = {**unread_data_keys(cfg), **_unread_attention_keys(cfg.model.decoder),
+                              **cfg.train.objective.unread(hard_attention(cfg))}
     if not cfg.model.encoder.finetune_blocks:
         unread["model.encoder.update_bn_stats"] = "a frozen encoder's batch norms never update (finetune_blocks is 0)"
-    if cfg.train.objective == "scst":
-        for key in ("train.alpha_c", "train.alpha_entropy"):
-            unread[key] = "the SCST objective has no attention terms besides train.scst.entropy_weight"
-        for key in hard_keys:
-            unread[key] = ("SCST reads train.scst (attention_mode, entropy_weight), not cross-entropy's train.hard"
-                           if hard else "only hard attention reads train.hard")
-        if not hard:
-            for key in ("train.scst.attention_mode", "train.scst.entropy_weight"):
-                unread[key] = "only hard attention has a location policy"
-        elif cfg.train.scst.attention_mode == "argmax":
-            unread["train.scst.entropy_weight"] = "argmax reads are not sampled: no location policy to keep exploring"
-        return unread
-    for f in dataclasses.fields(ScstConfig):
-        unread[f"train.scst.{f.name}"] = "only train.objective: scst reads train.scst"
-    if not hard:
-        unread.update({key: "only hard attention reads train.hard" for key in hard_keys})
-    else:
-        unread.update(_unread_estimator_keys(cfg.train.hard.estimator))
-    return unread
-
-
-def _unread_estimator_keys(estimator: str) -> dict[str, str]:
-    """The train.hard keys that ``estimator`` does not read (ESTIMATOR_KEYS), each with the estimators that do."""
-    unread = {}
-    for f in dataclasses.fields(HardConfig):
-        if f.name == "estimator" or f.name in ESTIMATOR_KEYS.get(estimator, ()):
-            continue
-        readers = " or ".join(repr(e) for e, keys in ESTIMATOR_KEYS.items() if f.name in keys)
-        unread[f"train.hard.{f.name}"] = f"the {estimator!r} estimator does not read it (only {readers})"
     return unread
 
 
@@ -369,43 +324,40 @@ def _unread_attention_keys(decoder: DecoderFamilyConfig) -> dict[str, str]:
 
 def check_read_keys(cfg: Config) -> None:
     """A setting the run would ignore is refused, not accepted: any key of unread_keys whose value is
-    not the default; and a setting the run must choose itself is refused unset (check_scst_entropy)."""
-    default = Config()
+    not the default; and a setting the run must choose itself is refused unset (the objective's ``required``)."""
     for key, why in unread_keys(cfg).items():
-        if get_path(cfg, key) != get_path(default, key):
+        section, name = key.rsplit(".", 1)
+        holder = get_path(cfg, section)
+        if getattr(holder, name) != getattr(type(holder)(), name):  # its section's default (of this kind)
             raise ConfigError(f"{key}: set to {get_path(cfg, key)!r}, but this run would ignore it ({why}); "
                               f"remove it from the config")
-    check_scst_entropy(cfg)
-
-
-def check_scst_entropy(cfg: Config) -> None:
-    """Hard-attention SCST that samples its cells needs train.scst.entropy_weight set (>= 0), explicitly. A
-    run's check (check_read_keys, scst.SelfCritical), not validate's: the config of a hard SCST checkpoint
-    saved before the key existed (the default, unset) still loads for decoding."""
-    scst = cfg.train.scst
-    if (scst.entropy_weight == ScstConfig.entropy_weight and cfg.train.objective == "scst"
-            and cfg.model.attention.attention == "hard" and scst.attention_mode == "sample"):
-        raise ConfigError("train.scst.entropy_weight: hard-attention SCST samples its cells and needs the "
-                          "location policy's entropy bonus set explicitly (e.g. 0.01, or 0 for none; it is "
-                          "not inherited from train.hard.entropy_weight), or train.scst.attention_mode: argmax")
+    try:
+        cfg.train.objective.required(hard_attention(cfg))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def validate(cfg: Config) -> None:
     """Range and choice checks; errors name the key path and the offending value."""
     family = cfg.model.decoder  # the decoder family's tables join the config's (models/decoders/*_config.py)
-    for path, choices in {**CHOICES, **{f"model.decoder.{k}": v for k, v in family.CHOICES.items()}}.items():
+    objective = cfg.train.objective  # and so do the objective's (training/objectives/sections.py)
+    choices_at = {**CHOICES, **{f"model.decoder.{k}": v for k, v in family.CHOICES.items()},
+                  **{f"train.objective.{k}": v for k, v in objective.CHOICES.items()}}
+    for path, choices in choices_at.items():
         value = get_path(cfg, path)
         if value not in choices:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}")
-    for path in (*POSITIVE, *(f"model.decoder.{k}" for k in family.POSITIVE)):
+    for path in (*POSITIVE, *(f"model.decoder.{k}" for k in family.POSITIVE),
+                 *(f"train.objective.{k}" for k in objective.POSITIVE)):
         value = get_path(cfg, path)
         if not value > 0:
             raise ConfigError(f"{path}: must be > 0, got {value!r}")
-    for path in NON_NEGATIVE:
+    for path in (*NON_NEGATIVE, *(f"train.objective.{k}" for k in objective.NON_NEGATIVE)):
         value = get_path(cfg, path)
         if value < 0:
             raise ConfigError(f"{path}: must be >= 0, got {value!r}")
-    for path in (*UNIT_INTERVAL, *(f"model.decoder.{k}" for k in family.UNIT_INTERVAL)):
+    for path in (*UNIT_INTERVAL, *(f"model.decoder.{k}" for k in family.UNIT_INTERVAL),
+                 *(f"train.objective.{k}" for k in objective.UNIT_INTERVAL)):
         value = get_path(cfg, path)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{path}: must be in [0, 1], got {value!r}")
@@ -420,18 +372,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.average_last and not cfg.train.keep_epochs:
         raise ConfigError(f"train.average_last={cfg.train.average_last} averages kept epochs: set "
                           "train.keep_epochs=true too")
-    if cfg.train.hard.temperature_min > cfg.train.hard.temperature:
-        raise ConfigError(f"train.hard.temperature_min ({cfg.train.hard.temperature_min}) must be <= "
-                          f"train.hard.temperature ({cfg.train.hard.temperature}): the Gumbel-softmax read anneals "
-                          f"from temperature down to temperature_min")
-    if cfg.train.hard.estimator == "loo" and cfg.train.hard.samples < 2:
-        raise ConfigError(f"train.hard.samples: the 'loo' estimator needs at least 2, got {cfg.train.hard.samples}")
-    if cfg.train.objective == "scst" and cfg.train.scst.baseline == "mean" and cfg.train.scst.samples < 2:
-        raise ConfigError(f"train.scst.samples: the 'mean' baseline needs at least 2, got {cfg.train.scst.samples}")
-    if cfg.train.scst.entropy_weight != ScstConfig.entropy_weight and cfg.train.scst.entropy_weight < 0:
-        raise ConfigError(f"train.scst.entropy_weight: must be >= 0, got {cfg.train.scst.entropy_weight!r}")
     try:
         family.check(cfg.model.attention)  # what the family's tables cannot say
+        cfg.train.objective.check(hard_attention(cfg))  # what the objective's tables cannot say
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -478,21 +421,22 @@ def _parse_value(raw: str, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported field type {typ}")  # pragma: no cover
 
 
-def parse_override(text: str, decoder_kind: str = DEFAULT_DECODER) -> tuple[list[str], Any]:
-    """Split ``a.b.c=value`` into its key path and the value read as that field's type (model.decoder's keys
-    are those of the family ``decoder_kind``)."""
+def parse_override(text: str, kinds: dict[str, Any] | None = None) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and the value read as that field's type (the keys of model.decoder
+    and train.objective are those of the kind ``kinds`` gives them, keyed "model.decoder" / "train.objective";
+    the default kinds where it names none)."""
     parts, raw = split_override(text)
-    return parts, _parse_value(raw, _field_type_at(parts, decoder_kind), ".".join(parts))
+    return parts, _parse_value(raw, _field_type_at(parts, kinds or {}), ".".join(parts))
 
 
-def _field_type_at(parts: list[str], decoder_kind: str = DEFAULT_DECODER) -> Any:
+def _field_type_at(parts: list[str], kinds: dict[str, Any]) -> Any:
     """The annotated type at a key path; unknown keys name the valid ones."""
     cls: Any = Config
     typ: Any = Config
     for i, part in enumerate(parts):
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(parts[:i])} is a value, not a section")
-        cls = _section_class(cls, decoder_kind)
+        cls = _kinded_class(cls, kinds, ".".join(parts[:i]))
         types_ = _field_types(cls)
         if part not in types_:
             raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} "
@@ -501,22 +445,38 @@ def _field_type_at(parts: list[str], decoder_kind: str = DEFAULT_DECODER) -> Any
     return typ
 
 
-def _decoder_kind(data: dict) -> Any:
-    """model.decoder.kind in a nested dict (the default when it names none)."""
-    decoder = (data.get("model") or {}).get("decoder") if isinstance(data.get("model"), dict) else None
-    return decoder.get("kind", DEFAULT_DECODER) if isinstance(decoder, dict) else DEFAULT_DECODER
+def _kinded_class(cls: type, kinds: dict[str, Any], path: str) -> type:
+    """The dataclass of the section at ``path``: for a kinded one, that of the kind ``kinds`` names there."""
+    return _section_class(cls, kinds.get(path, _KINDED[cls][1]) if cls in _KINDED else None)
+
+
+def _kinds(data: dict) -> dict[str, Any]:
+    """The kinds a nested dict names for its kinded sections ("model.decoder" -> its kind; absent: the default)."""
+    kinds = {}
+    for lookup_default_where in _KINDED.values():
+        node: Any = data
+        for part in lookup_default_where[2]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "kind" in node:
+            kinds[".".join(lookup_default_where[2])] = node["kind"]
+    return kinds
+
+
+def _sets_a_kind(text: str) -> bool:
+    """Whether an override sets a kinded section's kind (applied first: the section's other keys are its)."""
+    return tuple(split_override(text)[0]) in {(*where, "kind") for _, _, where in _KINDED.values()}
 
 
 def apply_override(data: dict, text: str) -> None:
-    """Set one ``key.path=value`` override into a nested dict, checking the path exists (model.decoder's keys:
-    those of the family the dict's model.decoder.kind names)."""
-    kind = _decoder_kind(data)
-    parts, value = parse_override(text, kind)
+    """Set one ``key.path=value`` override into a nested dict, checking the path exists (the keys of
+    model.decoder and train.objective: those of the kind the dict names there)."""
+    kinds = _kinds(data)
+    parts, value = parse_override(text, kinds)
     path = ".".join(parts)
-    typ = _field_type_at(parts, kind)
+    typ = _field_type_at(parts, kinds)
     if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
         raise ConfigError(f"{path} is a section; set one of its keys: "
-                          f"{', '.join(_field_types(_section_class(typ, kind)))}")
+                          f"{', '.join(_field_types(_kinded_class(typ, kinds, path)))}")
     node = data
     for i, part in enumerate(parts[:-1]):
         node = node.setdefault(part, {})
@@ -564,8 +524,8 @@ def config_from_file_data(data: Any, overrides: Iterable[str] = (), source: str 
     reads it: validated, and no key set that the run would ignore (check_read_keys)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
-    # a --set of model.decoder.kind first: the other model.decoder overrides are keys of the family it names
-    for text in sorted(overrides, key=lambda t: split_override(t)[0] != ["model", "decoder", "kind"]):
+    # a --set of a kind first (model.decoder.kind, train.objective.kind): the section's other keys are its kind's
+    for text in sorted(overrides, key=lambda t: not _sets_a_kind(t)):
         apply_override(data, text)
     try:
         cfg = config_from_dict(data)

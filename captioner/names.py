@@ -12,13 +12,13 @@ config). The code that behaves differently per name owns the behaviour:
   ``commands/evaluate.py``);
 - registries of classes or functions stay beside their code and are checked against their tables here by
   tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
-  (``models/attention.py``), LOADERS (``data/datasets.py``), ESTIMATORS (``training/estimators.py``, against
-  HARD_ESTIMATORS).
+  (``models/attention.py``), LOADERS (``data/datasets.py``).
 
-The decoder families are not named here: each owns its ``model.decoder`` section, a torch-free dataclass the
-config reads through ``captioner/models/decoders``' DECODER_CONFIGS (its kinds, keys, values and checks).
+The decoder families and the training objectives are not named here: each owns its section (``model.decoder``,
+``train.objective``), a torch-free dataclass the config reads through ``captioner/models/decoders``'
+DECODER_CONFIGS or ``captioner/training/objectives``' OBJECTIVE_CONFIGS (its kinds, keys, values and checks).
 
-Adding a scorer, an attention, a data format or an estimator takes its name here as well as its entry in the
+Adding a scorer, an attention or a data format takes its name here as well as its entry in the
 registry; the test says which table lags.
 """
 
@@ -31,11 +31,6 @@ ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
 # decoding/options.py: how a model may read while decoding (one vocabulary: "expectation" is the soft read;
 # "argmax" and "sample" read one cell per word); models/attention.py adds the training-only "gumbel"
 DECODING_MODES = ("expectation", "argmax", "sample")
-# decoding/options.py: the beam width of every decode not told otherwise (the default of eval.beam_size)
-BEAM = 3
-# training/estimators.py: ESTIMATORS, how hard attention's location policy learns under cross-entropy
-# (REINFORCE: paper, loo; the straight-through Gumbel-softmax read: gumbel)
-HARD_ESTIMATORS = ("paper", "loo", "gumbel")
 # optim.py
 OPTIMIZERS = ("adam", "rmsprop")
 # wblog.py: train.wandb
@@ -46,20 +41,17 @@ ENSEMBLE_ATTENTIONS = ("first", "mean")
 # data/datasets.py: LOADERS (data.format) and the splits every format knows
 DATA_FORMATS = ("shapes", "karpathy", "coco", "flickr8k", "captions")
 SPLITS = ("train", "val", "test")
-# training/loop.py: the learning-rate schedule over train.epochs, the autocast dtype and the objective
+# training/loop.py: the learning-rate schedule over train.epochs and the autocast dtype
 LR_SCHEDULES = ("none", "step", "cosine")
 AMP_MODES = ("none", "bf16", "fp16")
 # training/distributed.py: the process group's backend under torchrun (auto: nccl on CUDA, gloo on the CPU)
 DDP_BACKENDS = ("auto", "nccl", "gloo")
-OBJECTIVES = ("xe", "scst")
 # training/loop.py: the metric that picks best.pt (evaluation/metrics.py computes every one)
 VAL_METRICS = ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1")
 # training/tblog.py: train.tensorboard
 TENSORBOARD_MODES = ("auto", "on", "off")
-# training/losses.py: SCST_BASELINES, the self-critical baseline; training/scst.py: how hard attention samples its
-# cells under SCST
+# training/losses.py and train.objective.baseline (training/objectives/sections.py): the self-critical baseline
 SCST_BASELINES = ("mean", "greedy")
-SCST_ATTENTION_MODES = ("sample", "argmax")
 
 # The allowed values and ranges of the config's settings, keyed by dotted path: config.validate checks them.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -70,12 +62,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_schedule": LR_SCHEDULES,
     "train.amp": AMP_MODES,
     "train.ddp_backend": DDP_BACKENDS,
-    "train.objective": OBJECTIVES,
     "train.tensorboard": TENSORBOARD_MODES,
     "train.wandb": WANDB_MODES,
-    "train.scst.baseline": SCST_BASELINES,
-    "train.scst.attention_mode": SCST_ATTENTION_MODES,
-    "train.hard.estimator": HARD_ESTIMATORS,
     "train.val_metric": VAL_METRICS,
     "eval.split": SPLITS,
     "eval.attention_mode": DECODING_MODES,
@@ -84,21 +72,16 @@ POSITIVE = (
     "data.max_length", "data.shapes.image_size", "model.encoder.input_size",
     "model.attention.heads", "model.attention.attention_dim", "train.epochs", "train.batch_size", "train.lr",
     "train.encoder_lr", "train.lr_step_epochs", "train.log_every", "train.patience",
-    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.scst.samples",
-    "train.hard.temperature", "train.hard.temperature_min", "train.ddp_timeout_min",
+    "train.max_nonfinite_steps", "eval.beam_size", "eval.batch_size", "train.ddp_timeout_min",
 )
 NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
     "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
-    "train.grad_clip", "train.alpha_c", "train.alpha_entropy", "train.hard.reinforce_weight",
-    "train.hard.entropy_weight",
-    "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty", "eval.max_length",
-    "train.scst.max_length", "train.scst.greedy_images", "train.tensorboard_images", "train.scst.xe_weight",
-    "train.average_last",
+    "train.grad_clip", "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty",
+    "eval.max_length", "train.tensorboard_images", "train.average_last",
 )
 UNIT_INTERVAL = (
     "data.max_failure_share", "data.val_share",
-    "data.test_share", "train.hard.baseline_decay",
-    "train.hard.expectation_prob", "train.lr_gamma", "train.hard.reward_discount",
+    "data.test_share", "train.lr_gamma",
 )

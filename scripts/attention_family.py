@@ -38,12 +38,13 @@ SCORE_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 # The objective settings hard attention needs, from the shipped configs (configs/flickr8k_hard.yaml: the
 # leave-one-out estimator; configs/flickr8k_hard_gumbel_from_soft.yaml: Gumbel); the optimiser stays the family's.
-HARD_LOO = ("model.attention.attention=hard", "train.alpha_c=0.2", "train.alpha_entropy=0.5",
-            "train.hard.estimator=loo", "train.hard.samples=2", "train.hard.reinforce_weight=1.0",
-            "train.hard.entropy_weight=0.001", "eval.attention_mode=argmax")
-HARD_GUMBEL = ("model.attention.attention=hard", "train.alpha_c=0.0", "train.alpha_entropy=0.1",
-               "train.hard.estimator=gumbel", "train.hard.temperature=1.0", "train.hard.temperature_min=0.5",
-               "train.hard.expectation_prob=0.25", "eval.attention_mode=argmax")
+HARD_LOO = ("model.attention.attention=hard", "train.objective.kind=loo", "train.objective.alpha_c=0.2",
+            "train.objective.alpha_entropy=0.5", "train.objective.samples=2", "train.objective.reinforce_weight=1.0",
+            "train.objective.entropy_weight=0.001", "eval.attention_mode=argmax")
+HARD_GUMBEL = ("model.attention.attention=hard", "train.objective.kind=gumbel", "train.objective.alpha_c=0.0",
+               "train.objective.alpha_entropy=0.1", "train.objective.temperature=1.0",
+               "train.objective.temperature_min=0.5", "train.objective.expectation_prob=0.25",
+               "eval.attention_mode=argmax")
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,8 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
     from captioner.config import load_config
     from captioner.data.datasets import GridCaptionDataset, build_vocab, collate_captions, load_records
     from captioner.training.inputs import open_feature_cache
-    from captioner.training.loop import _build_optimizer, _TrainForward, compute_loss
+    from captioner.training.loop import _build_optimizer, _TrainForward
+    from captioner.training.objectives.registry import build_objective
 
     ready = [row for row in rows if family.row_file(row).exists()]
     if not ready:
@@ -302,18 +304,18 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
         batch = collate_captions(dataset.__getitems__([i % len(dataset) for i in range(batch_size)]))
         ids = [records[i % len(records)].image_id for i in range(decode_images)]
         rows_in = torch.from_numpy(cache.get_batch(ids)).float()
-        models[row.name], inputs[row.name] = (model, cfg), (batch, rows_in)
+        models[row.name], inputs[row.name] = (model, cfg, build_objective(cfg, model, dataset, False)), (batch, rows_in)
     times: dict[str, dict[str, list[float]]] = {row.name: {"train": [], "decode": []} for row in ready}
     for _ in range(repeats):
         for row in ready:
-            model, cfg = models[row.name]
+            model, cfg, objective = models[row.name]
             batch, rows_in = inputs[row.name]
             model.train()
             forward = _TrainForward(model, from_images=False)
             optimizer = _build_optimizer(cfg, model)
             for step in range(train_steps + 1):  # the first step warms up (allocations, kernels)
                 start = time.perf_counter()
-                res = compute_loss(forward, batch, cfg, model.decoder.stochastic, baseline=0.0)
+                res = objective.loss(forward, batch)
                 optimizer.zero_grad(set_to_none=True)
                 res.loss.backward()
                 optimizer.step()

@@ -318,7 +318,8 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
     """Images/s of greedy and beam search, all images decoded together, exactly decode_length steps each;
     with_baseline: also the plain implementation's (scripts/baseline.py: one image at a time), the two
     alternating, and the median of the paired time ratios."""
-    from captioner.decoding.search import beam_search, greedy_search
+    from captioner.decoding.options import DecodeOptions
+    from captioner.decoding.search import search
 
     torch.set_num_threads(threads)
     s = _sizes(config, quick)
@@ -335,13 +336,9 @@ def bench_decode_one(config: str, quick: bool = False, device: str = "cpu", thre
         with torch.inference_mode(), autocast:
             state = decoder.init_state(grid)
             # min_length = max_length masks <end>: every run makes the same `length` step calls.
-            common = dict(batch_size=B, start_id=1, end_id=2, max_length=length, min_length=length,
-                          forbid_ids=(0, 1))
-            if beam == 1:
-                greedy_search(step, state, **common)
-            else:
-                # the K beams of an image share its attention memory (not copied K times)
-                beam_search(step, state, beam_size=beam, expand=decoder.expand_state, **common)
+            # greedy for a beam of one, else the K beams of an image share its attention memory (not copied K times)
+            search(step, state, DecodeOptions(beam=beam, max_length=length), batch_size=B, start_id=1, end_id=2,
+                   min_length=length, forbid_ids=(0, 1), expand=decoder.expand_state)
         _sync(device)
 
     baseline = _build_baseline(s, device).eval() if with_baseline else None
@@ -528,9 +525,9 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
         raise ValueError(f"unknown bench {unknown[0]!r}; valid: {', '.join(BENCHES)}")
     _check_configs(configs)  # before minutes of benchmarks, not after
     torch.set_num_threads(threads)
-    from captioner import kernels
+    from captioner.fast import kernels
 
-    # Whether this run used the fused C kernels (captioner/kernels; CAPTIONER_KERNELS=0 times the PyTorch path).
+    # Whether this run used the fused C kernels (captioner/fast/kernels; CAPTIONER_KERNELS=0 times the PyTorch path).
     results: dict = {"device": device, "threads": threads, "quick": quick, "fused_kernels": kernels.available()}
     results.update(bench_matmul(threads, device))
     for name in names:

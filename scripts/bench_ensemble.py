@@ -67,7 +67,8 @@ def bench_ensemble(config: str = "F8K", members: int = 2, beam: int = 3, repeats
     def run(model) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(model.prepare_rows(grid), beam=beam, max_length=n, min_length=n)
+            model.generate(model.prepare_rows(grid), model.decode_options.replace_given(beam=beam, max_length=n),
+                           min_length=n)
         _sync(device)
         return time.perf_counter() - start
 

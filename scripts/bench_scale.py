@@ -259,7 +259,8 @@ def step_rate(vocab, dataset, quick: bool, steps: int, warmup: int, device: str 
         start = time.perf_counter()
         batch = batch.to(device)  # float16 rows cross, widened to float32 there
         out = model(model.grid_from(batch.inputs, images=False), batch.captions, batch.lengths)
-        loss = soft_attention_loss(out, batch.captions[:, 1:], alpha_c=t.alpha_c, alpha_entropy=t.alpha_entropy).loss
+        loss = soft_attention_loss(out, batch.captions[:, 1:], alpha_c=t.objective.alpha_c,
+                                   alpha_entropy=t.objective.alpha_entropy).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, t.grad_clip)

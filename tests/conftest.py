@@ -40,6 +40,27 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture
+def wrap_objective_loss(monkeypatch):
+    """``wrap(around)``: every objective the training loop builds computes its loss as ``around(loss, forward,
+    batch)``, ``loss`` its own (the loop's one call per step): to watch or spoil steps."""
+
+    def wrap(around) -> None:
+        import captioner.training.loop as loop_mod
+
+        build = loop_mod.build_objective
+
+        def build_wrapped(*args, **kwargs):
+            objective = build(*args, **kwargs)
+            loss = objective.loss
+            objective.loss = lambda forward, batch: around(loss, forward, batch)
+            return objective
+
+        monkeypatch.setattr(loop_mod, "build_objective", build_wrapped)
+
+    return wrap
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, saying so, on a machine without CUDA (they run wherever a GPU exists)."""
     import torch

@@ -18,7 +18,7 @@ from captioner.models.decoders.registry import build_decoder
 PAD, START, END, UNK = 0, 1, 2, 3
 D, L, B = 12, 6, 4
 
-# name: (decoder kind, attention, vocabulary size, attention_mode); V >= 256 reaches the fused read (kernels/)
+# name: (decoder kind, attention, vocabulary size, attention_mode); V >= 256 reaches the fused read (fast/kernels/)
 MODELS = {
     "lstm_soft_v19": ("lstm", "soft", 19, "expectation"),
     "lstm_soft_v300": ("lstm", "soft", 300, "expectation"),

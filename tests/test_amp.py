@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import captioner.training.loop as loop_mod
 from captioner.config import load_config
 from captioner.store.checkpoint import load_checkpoint
 from captioner.training.loop import train
@@ -36,16 +35,15 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture
-def autocast_seen(monkeypatch):
+def autocast_seen(wrap_objective_loss):
     """The autocast dtype each training step's loss was computed under (None: autocast off)."""
     seen: list = []
-    real = loop_mod.compute_loss
 
-    def spy(*args, **kwargs):
+    def spy(loss, forward, batch):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        return real(*args, **kwargs)
+        return loss(forward, batch)
 
-    monkeypatch.setattr(loop_mod, "compute_loss", spy)
+    wrap_objective_loss(spy)
     return seen
 
 

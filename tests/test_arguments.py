@@ -72,7 +72,7 @@ def test_caption_evaluate_and_serve_decode_with_the_models_config_when_no_flag_i
 
     cfg = load_config("smoke", ["eval.beam_size=2", "eval.max_length=7", "eval.length_penalty=0.5",
                                 "eval.block_trigrams=true", "model.attention.attention=hard",
-                                "eval.attention_mode=argmax"])
+                                "train.objective.kind=reinforce", "eval.attention_mode=argmax"])
     model = build_model(cfg, Vocab.build([["a", "red", "circle"]]))
     seen: dict[str, DecodeOptions] = {}
     monkeypatch.setattr(captioner.api, "load_captioner", lambda *a, **kw: model)
@@ -104,3 +104,20 @@ def test_caption_evaluate_and_serve_decode_with_the_models_config_when_no_flag_i
     monkeypatch.setattr(model, "caption", lambda images, options: seen.__setitem__("caption", options) or [])
     assert caption([str(tmp_path / "x.png"), "--beam", "4", "--no-block-trigrams"]) == 0
     assert (seen["caption"].beam, seen["caption"].block_trigrams, seen["caption"].max_length) == (4, False, 7)
+    # the <unk> flag turns the command's own default around
+    assert caption([str(tmp_path / "x.png"), "--allow-unk"]) == 0 and seen["caption"].forbid_unk is False
+    monkeypatch.setattr(evaluate, "evaluate_model",
+                        lambda model, records, options, **kw: seen.__setitem__("evaluate", options) or {})
+    assert evaluate.main(["--checkpoint", "unused", "--tokenizer", "simple", "--forbid-unk"]) == 0
+    assert seen["evaluate"].forbid_unk is True
+
+
+def test_each_decoding_default_is_stated_once_in_decode_options():
+    """A config that sets no decoding decodes with DecodeOptions' own defaults (eval.max_length 0: the training
+    captions' length), and a caption for people differs from them only in <unk>."""
+    from captioner.config import Config
+    from captioner.decoding.options import DecodeOptions
+
+    cfg = Config()
+    assert DecodeOptions.from_config(cfg) == DecodeOptions(max_length=cfg.data.max_length)
+    assert DecodeOptions().for_people() == DecodeOptions(forbid_unk=True)

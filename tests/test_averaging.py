@@ -106,6 +106,8 @@ def test_a_run_keeps_its_epochs_and_averages_the_last_ones(tmp_path, capsys):
                                         "train.keep_epochs=true", "train.average_last=2"]))
     kept = RunDir(run_dir).epoch_snapshots()
     assert [p.name for p in kept] == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+    # every entry the run wrote is one RunDir names, so a new run in this folder moves them all aside
+    assert sorted(run_dir.iterdir()) == sorted(RunDir(run_dir).run_outputs())
     snapshot = load_checkpoint(kept[-1])
     assert "optimizer" not in snapshot and snapshot["epoch"] == 3
     last = load_checkpoint(run_dir / "last.pt")

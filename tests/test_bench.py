@@ -127,6 +127,7 @@ def test_scst_bench_reports_the_reward_share(one_thread):
 @pytest.mark.parametrize("kind,scorer", [("soft", "additive"), ("soft", "dot"), ("hard", "bilinear"),
                                          ("key_value", "additive"), ("multi_head", "scaled_dot")])
 def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, one_thread):
+    from captioner.decoding.options import DecodeOptions
     from captioner.decoding.search import beam_search
     from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 
@@ -145,9 +146,10 @@ def test_beam_search_with_per_image_memory_equals_expanded_memory(kind, scorer, 
         return log_probs, alpha, state
 
     with torch.no_grad():
-        common = dict(batch_size=8, start_id=1, end_id=2, beam_size=3, max_length=8, n_best=2)
-        plain = beam_search(step, dec.init_state(grid), **common)
-        shared = beam_search(step, dec.init_state(grid), expand=dec.expand_state, **common)
+        common = dict(batch_size=8, start_id=1, end_id=2)
+        options = DecodeOptions(beam=3, n_best=2, max_length=8)
+        plain = beam_search(step, dec.init_state(grid), options, **common)
+        shared = beam_search(step, dec.init_state(grid), options, expand=dec.expand_state, **common)
     assert len(set(calls)) > 1, calls  # some images stopped early: per-image tensors were dropped too
     for a, b in zip(plain, shared):
         assert [h.tokens for h in a] == [h.tokens for h in b]

@@ -9,6 +9,7 @@ from captioner.data.vocab import Vocab
 from captioner.models.captioner import GridPositionEmbedding
 
 SMOKE = "configs/smoke.yaml"
+HARD = ["model.attention.attention=hard", "train.objective.kind=reinforce"]
 
 
 @pytest.fixture
@@ -60,13 +61,14 @@ def _spy_reads(model, monkeypatch) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("mode", ["sample", "argmax"])
 def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode):
-    model = build_model(load_config(SMOKE, ["model.attention.attention=hard"]), vocab).eval()
+    model = build_model(load_config(SMOKE, HARD), vocab).eval()
     H, W = model.grid_hw
     torch.manual_seed(0)
     grid = model.prepare_grid(torch.randn(3, H * W, model.encoder.backbone_dim))
     reads = _spy_reads(model, monkeypatch)
     with torch.no_grad():
-        hyps = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode=mode)
+        options = model.decode_options.replace_given(beam=1, max_length=6, attention_mode=mode)
+        hyps = model.generate(grid, options, min_length=3)
     for b, (hyp,) in enumerate(hyps):
         n = len(hyp.tokens)
         assert n >= 3 and hyp.alphas.shape == (n, H * W)
@@ -82,11 +84,12 @@ def test_hard_greedy_decoding_reports_the_cells_it_read(vocab, monkeypatch, mode
 def test_hard_beam_search_and_caption_carry_locations(vocab):
     from PIL import Image
 
-    model = build_model(load_config(SMOKE, ["model.attention.attention=hard"]), vocab).eval()
+    model = build_model(load_config(SMOKE, HARD), vocab).eval()
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
     with torch.no_grad():
-        hyps = model.generate(grid, beam=3, n_best=2, max_length=5, min_length=2, attention_mode="argmax")
+        options = model.decode_options.replace_given(beam=3, n_best=2, max_length=5, attention_mode="argmax")
+        hyps = model.generate(grid, options, min_length=2)
     for hyp in (h for per_image in hyps for h in per_image):
         assert hyp.alphas.shape == (len(hyp.tokens), H * W)
         assert hyp.locations == hyp.alphas.argmax(1).tolist()  # carried through the beams' reordering
@@ -124,13 +127,13 @@ def _tiny_vocab():
 @pytest.mark.parametrize("length_penalty, expected", [(0.0, []), (1.0, ["a"])])
 def test_eval_length_penalty_reaches_generate_and_the_decode_loop(length_penalty, expected, monkeypatch):
     """Raw scores: "<end>" -1.0 beats "a <end>" -1.2; per word (penalty 1) -0.6 beats -1.0."""
-    from captioner.decoding.batches import decode_batches
+    from captioner.evaluation.split import decode_batches
 
     model = build_model(load_config(SMOKE, [f"eval.length_penalty={length_penalty}"]), _tiny_vocab()).eval()
     monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-1.0, -0.6, -0.6))
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(2, H * W, model.encoder.backbone_dim))
-    hyps = model.generate(grid, beam=3)
+    hyps = model.generate(grid, model.decode_options.replace_given(beam=3))
     assert [model.vocab.decode(per_image[0].tokens) for per_image in hyps] == [expected, expected]
     # The decode loop behind `captioner evaluate` and validation uses the model's value...
     ((_, _, words),) = list(decode_batches(model, [(["img"], grid[:1])], model.decode_options.replace_given(beam=3)))
@@ -149,7 +152,7 @@ def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
     # The crafted model prefers "a" to <end> at every step: the caption uses the whole allowance.
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
-    (per_image,) = model.generate(grid, beam=1)
+    (per_image,) = model.generate(grid, model.decode_options.replace_given(beam=1))
     assert len(per_image[0].tokens) == 7
     explicit = build_model(load_config(SMOKE, ["data.max_length=7", "eval.max_length=3"]), _tiny_vocab())
     assert explicit.decode_options.max_length == 3
@@ -159,7 +162,7 @@ def test_decoding_length_defaults_to_the_training_caption_length(monkeypatch):
 def test_eval_block_trigrams_reaches_generate_and_the_decode_loop(beam, monkeypatch):
     """The crafted model prefers "a" to <end> at every step: "a a a a a" (max_length 5) repeats the trigram
     "a a a"; with eval.block_trigrams the fourth "a" is banned and the caption ends."""
-    from captioner.decoding.batches import decode_batches
+    from captioner.evaluation.split import decode_batches
 
     off = build_model(load_config(SMOKE, ["eval.max_length=5"]), _tiny_vocab()).eval()
     on = build_model(load_config(SMOKE, ["eval.max_length=5", "eval.block_trigrams=true"]), _tiny_vocab()).eval()
@@ -169,8 +172,9 @@ def test_eval_block_trigrams_reaches_generate_and_the_decode_loop(beam, monkeypa
     for model in (off, on):
         monkeypatch.setattr(model.decoder, "step_with_location", _crafted_step(-5.0, -0.1, -5.0, -0.1))
     looping, blocked = ["a"] * 5, ["a"] * 3
-    assert [off.vocab.decode(h[0].tokens) for h in off.generate(grid, beam=beam)] == [looping, looping]
-    assert [on.vocab.decode(h[0].tokens) for h in on.generate(grid, beam=beam)] == [blocked, blocked]
+    for model, words in ((off, looping), (on, blocked)):
+        hyps = model.generate(grid, model.decode_options.replace_given(beam=beam))
+        assert [model.vocab.decode(h[0].tokens) for h in hyps] == [words, words]
     # The decode loop behind `captioner evaluate` and validation uses the model's value...
     ((_, _, words),) = list(decode_batches(on, [(["img"], grid[:1])], on.decode_options.replace_given(beam=beam)))
     assert words == blocked

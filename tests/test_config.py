@@ -103,7 +103,8 @@ def test_multi_head_dim_divisible():
 
 
 def test_round_trip_yaml(tmp_path):
-    cfg = load_config(None, ["model.attention.attention=hard", "train.lr=0.0003", "eval.beam_size=5",
+    cfg = load_config(None, ["model.attention.attention=hard", "train.objective.kind=loo", "train.lr=0.0003",
+                             "train.objective.samples=3", "eval.beam_size=5",
                              "data.captions=some/file.json"])
     save_config(cfg, tmp_path / "cfg.yaml")
     again = load_config(tmp_path / "cfg.yaml")
@@ -138,7 +139,7 @@ def test_config_show_prints_every_key_resolved(capsys):
     assert cli_main(["config", "show", "shapes", "--set", "train.epochs=3"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown == config_to_dict(load_config("shapes", ["train.epochs=3"]))
-    assert shown["train"]["scst"]["samples"] == 5  # a default the file never mentions
+    assert shown["train"]["objective"]["alpha_entropy"] == 0.0  # a default the file never mentions
     assert cli_main(["config", "list"]) == 0
     assert "flickr8k_soft" in capsys.readouterr().out
     assert cli_main(["config", "show", "nope"]) == 1
@@ -160,7 +161,7 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_is_
     with pytest.raises(ConfigError, match="unknown config key 'model.attention.kind'"):
         load_config(None, ["model.attention.kind=hard"])
     saved = tmp_path / "saved.yaml"
-    save_config(load_config(None, ["model.attention.attention=hard"]), saved)
+    save_config(load_config(None, ["model.attention.attention=hard", "train.objective.kind=reinforce"]), saved)
     assert yaml.safe_load(saved.read_text())["model"]["attention"]["attention"] == "hard"
 
 
@@ -174,82 +175,102 @@ def test_choices_are_the_model_code_tables():
     from captioner.data.datasets import LOADERS, SPLITS
     from captioner.models.attention import ATTENTIONS
     from captioner.models.decoders import DECODER_CONFIGS
-    from captioner.models.decoders.registry import DECODERS, REFERENCES
+    from captioner.models.decoders.contract import CaptionDecoder
+    from captioner.models.decoders.registry import DECODERS
     from captioner.models.scorers import SCORERS
-    from captioner.training.estimators import ESTIMATORS
+    from captioner.training.objectives import OBJECTIVE_CONFIGS
+    from captioner.training.objectives.registry import OBJECTIVES
     from captioner.training.optim import OPTIMIZERS
     from captioner.training.wblog import MODES as WANDB_MODES
 
     assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
     assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
     # the decoder families: the torch-free configs the config reads and the classes, one registry each
-    assert tuple(DECODERS) == tuple(REFERENCES) == tuple(DECODER_CONFIGS)
+    assert tuple(DECODERS) == tuple(DECODER_CONFIGS)
     assert {"lstm", "transformer"} <= set(DECODERS)
     for kind, family in DECODER_CONFIGS.items():
         assert family().kind == kind
-        # the keys a family reads are its constructor's arguments, fast and reference alike (besides the sizes
-        # the vocabulary and the encoder fix)
+        # the keys a family reads are its constructor's arguments, fast and reference alike (a fast path subclasses
+        # its family's plain decoder; besides the sizes the vocabulary and the encoder fix)
         reads = {f.name for f in dataclasses.fields(family)} - {"kind"} | set(family.ATTENTION_KEYS)
-        for cls in (DECODERS[kind], REFERENCES[kind]):
+        for cls in [c for c in DECODERS[kind].__mro__ if issubclass(c, CaptionDecoder) and c is not CaptionDecoder]:
             assert cls.config_class is family
             assert set(inspect.signature(cls).parameters) == reads | {"vocab_size", "feature_dim", "pad_id"}
     assert tuple(LOADERS) == names.DATA_FORMATS == CHOICES["data.format"]
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
-    assert tuple(ESTIMATORS) == names.HARD_ESTIMATORS == CHOICES["train.hard.estimator"] == ("paper", "loo", "gumbel")
+    # the training objectives: the torch-free sections the config reads and the classes, one registry each
+    assert tuple(OBJECTIVES) == tuple(OBJECTIVE_CONFIGS) == ("xe", "reinforce", "loo", "gumbel", "scst")
+    assert all(section().kind == kind for kind, section in OBJECTIVE_CONFIGS.items())
     assert names.DECODING_MODES == CHOICES["eval.attention_mode"]
 
 
-# Every key an objective does not read, by (attention, objective, estimator): set to a non-default value,
-# each is refused with its name; the keys that are read load.
+# Each objective's section, as a run of that kind with its attention sets it: (overrides, its keys at non-default
+# values). A key of another objective is an unknown key there, named with the keys this kind has.
+_HARD = "model.attention.attention=hard"
 _RUNS = {
-    "soft xe": ["model.attention.attention=soft"],
-    "hard xe paper": ["model.attention.attention=hard", "train.hard.estimator=paper"],
-    "hard xe loo": ["model.attention.attention=hard", "train.hard.estimator=loo"],
-    "hard xe gumbel": ["model.attention.attention=hard", "train.hard.estimator=gumbel"],
-    "soft scst": ["model.attention.attention=soft", "train.objective=scst"],
-    # hard-attention SCST that samples its cells needs its own entropy bonus set (config.check_scst_entropy)
-    "hard scst": ["model.attention.attention=hard", "train.objective=scst", "train.scst.entropy_weight=0.01"],
-}
-_NON_DEFAULT = {
-    "train.alpha_c": "0.5", "train.alpha_entropy": "0.5", "train.hard.estimator": "loo",
-    "train.hard.reinforce_weight": "0.5", "train.hard.entropy_weight": "0.5", "train.hard.baseline_decay": "0.5",
-    "train.hard.expectation_prob": "0.25", "train.hard.samples": "3", "train.hard.reward_discount": "0.5",
-    "train.hard.temperature": "2.0", "train.hard.temperature_min": "0.25",
-    "train.scst.samples": "3", "train.scst.baseline": "greedy", "train.scst.reward_end": "false",
-    "train.scst.max_length": "9", "train.scst.forbid_unk": "false", "train.scst.greedy_images": "7",
-    "train.scst.xe_weight": "0.5", "train.scst.entropy_weight": "0.5",
-}
-_READ = {
-    "soft xe": {"train.alpha_c", "train.alpha_entropy"},
-    "hard xe paper": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
-                      "train.hard.entropy_weight", "train.hard.baseline_decay", "train.hard.expectation_prob"},
-    "hard xe loo": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.reinforce_weight",
-                    "train.hard.entropy_weight", "train.hard.expectation_prob", "train.hard.samples",
-                    "train.hard.reward_discount"},
-    "hard xe gumbel": {"train.alpha_c", "train.alpha_entropy", "train.hard.estimator", "train.hard.expectation_prob",
-                       "train.hard.temperature", "train.hard.temperature_min"},
-    # soft attention has no location policy: no train.scst.entropy_weight; SCST reads none of train.hard
-    "soft scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")} - {"train.scst.entropy_weight"},
-    "hard scst": {k for k in _NON_DEFAULT if k.startswith("train.scst.")},
+    "xe": ([], {"alpha_c": "0.5", "alpha_entropy": "0.5"}),
+    "reinforce": ([_HARD], {"alpha_c": "0.5", "alpha_entropy": "0.5", "expectation_prob": "0.25",
+                            "reinforce_weight": "0.5", "entropy_weight": "0.5", "baseline_decay": "0.5"}),
+    "loo": ([_HARD], {"alpha_c": "0.5", "alpha_entropy": "0.5", "expectation_prob": "0.25", "reinforce_weight": "0.5",
+                      "entropy_weight": "0.5",
+                      "samples": "3", "reward_discount": "0.5"}),
+    "gumbel": ([_HARD], {"alpha_c": "0.5", "alpha_entropy": "0.5", "expectation_prob": "0.25",
+                         "temperature": "2.0",
+                         "temperature_min": "0.25"}),
+    # hard-attention SCST that samples its cells needs its own entropy bonus set (the section's ``required``)
+    "scst": ([_HARD, "train.objective.entropy_weight=0.01"],
+             {"samples": "3", "baseline": "greedy", "reward_end": "false", "max_length": "9", "forbid_unk": "false",
+              "greedy_images": "7", "xe_weight": "0.5", "entropy_weight": "0.5", "attention_mode": "sample"}),
 }
 
 
-@pytest.mark.parametrize("run", list(_RUNS))
-def test_a_key_the_objective_does_not_read_is_refused(run):
-    for key, value in _NON_DEFAULT.items():
-        overrides = [*_RUNS[run], f"{key}={value}"]
-        if key == "train.hard.estimator":  # the estimator itself: read by hard cross-entropy only
-            overrides = [o for o in overrides if not o.startswith("train.hard.estimator")] + [f"{key}={value}"]
-        if key in _READ[run]:
-            assert get_path(load_config(None, overrides), key) is not None
-        else:
-            with pytest.raises(ConfigError, match=f"{key}: set to .*would ignore it"):
-                load_config(None, overrides)
-    # The defaults are never refused; a checkpoint's saved config is read for decoding, not refused.
-    saved = config_to_dict(load_config(None, _RUNS[run]))
-    saved["train"]["hard"]["samples"] = 9  # read by no run here but hard xe loo
-    assert config_from_dict(saved).train.hard.samples == 9
+@pytest.mark.parametrize("kind", list(_RUNS))
+def test_each_objective_reads_its_own_section(kind):
+    overrides, keys = _RUNS[kind]
+    for key, value in keys.items():
+        # the kind may come after its keys: it is applied first
+        cfg = load_config(None, [*overrides, f"train.objective.{key}={value}", f"train.objective.kind={kind}"])
+        assert str(get_path(cfg, f"train.objective.{key}")).lower() == value
+    others = {key for other, (_, theirs) in _RUNS.items() if other != kind for key in theirs} - set(keys)
+    assert others  # every kind here lacks some key of another
+    for key in others:
+        with pytest.raises(ConfigError, match=f"unknown config key 'train.objective.{key}' \\(valid keys at "
+                                              f"train.objective for kind {kind}: kind, "):
+            load_config(None, [*overrides, f"train.objective.kind={kind}", f"train.objective.{key}=1"])
+
+
+def test_the_objective_must_fit_the_attention():
+    """Hard attention has a location policy that cross-entropy alone cannot train, and only hard attention has
+    one: each mismatch is refused, naming the kinds that fit. SCST trains either."""
+    with pytest.raises(ConfigError, match="train.objective.kind: 'xe' cannot train hard attention .*use one of "
+                                          "reinforce, loo, gumbel, scst"):
+        load_config(None, [_HARD])
+    for kind in ("reinforce", "loo", "gumbel"):
+        with pytest.raises(ConfigError, match=f"'{kind}' trains hard attention's location policy, but "
+                                              "model.attention.attention is not hard; use one of xe or scst"):
+            load_config(None, [f"train.objective.kind={kind}"])
+    assert load_config(None, ["train.objective.kind=scst"]).train.objective.kind == "scst"
+    with pytest.raises(ConfigError, match="train.objective.kind: 'paper' is not one of xe, reinforce, loo, gumbel, "
+                                          "scst"):
+        load_config(None, ["train.objective.kind=paper"])
+
+
+def test_scst_refuses_location_settings_a_run_would_ignore():
+    """Soft attention has no location policy; argmax reads sample none: SCST's location keys are refused there,
+    and a hard run that samples its cells must set its entropy bonus itself. A saved config is read for
+    decoding all the same."""
+    for overrides, key in [(["train.objective.attention_mode=argmax"], "attention_mode"),
+                           (["train.objective.entropy_weight=0.1"], "entropy_weight"),
+                           ([_HARD, "train.objective.attention_mode=argmax", "train.objective.entropy_weight=0.1"],
+                            "entropy_weight")]:
+        with pytest.raises(ConfigError, match=f"train.objective.{key}: set to .*would ignore it"):
+            load_config(None, ["train.objective.kind=scst", *overrides])
+    with pytest.raises(ConfigError, match="train.objective.entropy_weight: hard-attention SCST samples its cells"):
+        load_config(None, ["train.objective.kind=scst", _HARD])
+    saved = config_to_dict(load_config(None, ["train.objective.kind=scst"]))
+    saved["train"]["objective"]["attention_mode"] = "argmax"  # unread by a soft model: a checkpoint still loads
+    assert config_from_dict(saved).train.objective.attention_mode == "argmax"
 
 
 @pytest.mark.parametrize("kind,read,refused", [

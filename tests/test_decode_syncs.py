@@ -24,7 +24,8 @@ import decode_cases  # tests/decode_cases.py (pytest puts tests/ on sys.path)
 import pytest
 import torch
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
+from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import Logits, beam_search, greedy_search
 from captioner.models.attention import draw_index, read_context
 from captioner.models.decoders.contract import SampleDraws
@@ -97,17 +98,17 @@ class Model:
         return scores, (alpha, alpha.argmax(dim=1)), h
 
 
-def run(search, monkeypatch, model: Model, B: int, length: int, min_length: int, **kwargs):
+def run(search, monkeypatch, model: Model, B: int, length: int, min_length: int, **settings):
     reads = HostReads(monkeypatch)
-    hyps = search(reads.wrap(model), model.init_state(B), batch_size=B, start_id=START, end_id=END,
-                  max_length=length, min_length=min_length, forbid_ids=FORBID, **kwargs)
+    hyps = search(reads.wrap(model), model.init_state(B), DecodeOptions(max_length=length, **settings), batch_size=B,
+                  start_id=START, end_id=END, min_length=min_length, forbid_ids=FORBID)
     monkeypatch.undo()
     return hyps, reads
 
 
-SEARCHES = [("greedy", greedy_search, {}), ("beam3", beam_search, dict(beam_size=3)),
-            ("beam3_nbest2", beam_search, dict(beam_size=3, n_best=2)),
-            ("beam5_nbest3", beam_search, dict(beam_size=5, n_best=3))]
+SEARCHES = [("greedy", greedy_search, dict(beam=1)), ("beam3", beam_search, dict(beam=3)),
+            ("beam3_nbest2", beam_search, dict(beam=3, n_best=2)),
+            ("beam5_nbest3", beam_search, dict(beam=5, n_best=3))]
 # The most host reads the search makes after one step call: the step's one copy of its scores and flags, and on a
 # step where beams finish one copy of their words, maps and cells (words and cells read as lists).
 MOST_READS_PER_STEP = 3

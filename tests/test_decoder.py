@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders.contract import DecoderOutput
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder

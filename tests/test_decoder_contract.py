@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from captioner.config import AttentionConfig
+from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search
 from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders import family_config
@@ -98,13 +99,13 @@ def test_beam_search_greedy_and_per_word_overlays(kind):
     with torch.no_grad():
         dec.out.bias[END] -= 3.0  # captions of a few words
     grid = torch.randn(3, L, D)
-    common = dict(batch_size=3, start_id=START, end_id=END, max_length=6, forbid_ids=(PAD, START))
+    common = dict(batch_size=3, start_id=START, end_id=END, forbid_ids=(PAD, START))
+    one, three = DecodeOptions(beam=1, max_length=6), DecodeOptions(beam=3, n_best=2, max_length=6)
     with torch.no_grad():
-        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), **common)
-        beam1 = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=1, expand=dec.expand_state, **common)
-        shared = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=3, n_best=2, expand=dec.expand_state,
-                             **common)
-        copied = beam_search(_step_fn(dec), dec.init_state(grid), beam_size=3, n_best=2, **common)
+        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), one, **common)
+        beam1 = beam_search(_step_fn(dec), dec.init_state(grid), one, expand=dec.expand_state, **common)
+        shared = beam_search(_step_fn(dec), dec.init_state(grid), three, expand=dec.expand_state, **common)
+        copied = beam_search(_step_fn(dec), dec.init_state(grid), three, **common)
     assert [h[0].tokens for h in greedy] == [h[0].tokens for h in beam1]
     for a, b in zip(shared, copied):  # per-image memory (expand_state) against every tensor copied per beam
         assert [h.tokens for h in a] == [h.tokens for h in b]
@@ -142,8 +143,8 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
     dec.eval()
     with torch.no_grad():
         drawn = dec.sample(grid, 1, START, END, max_length=5, greedy=True, attention_mode="expectation")
-        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), batch_size=2, start_id=START, end_id=END,
-                               max_length=5, forbid_ids=(PAD, START))
+        greedy = greedy_search(_step_fn(dec), dec.init_state(grid), DecodeOptions(beam=1, max_length=5), batch_size=2,
+                               start_id=START, end_id=END, forbid_ids=(PAD, START))
     for row, hyp in zip(drawn.tokens.tolist(), greedy):
         assert row[:len(hyp[0].tokens)] == hyp[0].tokens
 

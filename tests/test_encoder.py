@@ -11,15 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner.models import encoder as enc_mod
-from captioner.models.encoder import (
-    ENCODERS,
-    EncoderWeightsError,
-    build_encoder,
-    efficientnet_lite0_state_dict,
-    encoders_table,
-)
-from captioner.models.weights import map_by_position
+from captioner.models.encoder import ENCODERS, build_encoder
+from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_state_dict, map_by_position
 
 torch.set_num_threads(1)
 
@@ -101,7 +94,7 @@ def test_grid_shapes_for_every_encoder(name, stage, stride, dim, no_network):
     assert torch.isfinite(grid).all()
     json.dumps(encoder.fingerprint())  # JSON-able
     if not name.startswith("timm:"):
-        assert ENCODERS[name]["stages"][encoder.stage] == (stride, dim)
+        assert ENCODERS[name][encoder.stage] == (stride, dim)
 
 
 @pytest.mark.parametrize("name,stage", [("efficientnet_lite0", 3), ("resnet50", 0), ("vgg16", 3)])
@@ -114,10 +107,11 @@ def test_computed_grid_hw_matches_the_forward_pass_at_odd_sizes(name, stage):
         assert encoder.grid_hw == hw
 
 
-def test_native_stage_224_grids_match_the_table(no_network):
-    # the table's "grid at 224" for the cheap default; the paper's 14 x 14 comes from the stride-16 stage
-    assert build_encoder(pretrained=False).grid_hw == ENCODERS["efficientnet_lite0"]["grid_224"] == (7, 7)
-    assert build_encoder(pretrained=False, stage=3).grid_hw == (14, 14)
+def test_native_stage_224_grids_follow_the_stage_strides(no_network):
+    # 224 px over the default (last) stage's stride 32; the paper's 14 x 14 comes from the stride-16 stage
+    stages = ENCODERS["efficientnet_lite0"]
+    assert build_encoder(pretrained=False).grid_hw == (224 // stages[-1][0],) * 2 == (7, 7)
+    assert build_encoder(pretrained=False, stage=3).grid_hw == (224 // stages[3][0],) * 2 == (14, 14)
 
 
 def test_grid_pooling_and_projection():
@@ -244,13 +238,6 @@ def test_transform_shape_range_and_pickle():
     x = pickle.loads(pickle.dumps(encoder.transform))(image)
     assert x.shape == (3, 48, 48) and x.dtype == torch.float32
     assert x.min() >= -1.0 - 1e-6 and x.max() <= 1.0 + 1e-6  # lite0 weights expect [-1, 1]
-
-
-def test_encoders_table_lists_every_encoder():
-    table = encoders_table()
-    for name in ENCODERS:
-        assert f"`{name}`" in table
-    assert enc_mod.ENCODERS["vgg16"]["grid_224"] == (14, 14)
 
 
 def test_timm_weights_path_loads_offline(tmp_path, no_network):

@@ -40,6 +40,11 @@ def test_demo_writes_checkpoint_summary_and_overlays(demo_run, capsys):
     for name in PHOTOS:
         assert (run_dir / "photos" / f"{name}.png").is_file(), name
         assert (run_dir / "photos" / f"{name}_attention.png").stat().st_size > 1000, name
+    # every entry the demo wrote is one RunDir names: a new run moves them aside, the shipped model's photos stay
+    from captioner.store.rundir import RunDir
+
+    run = RunDir(run_dir)
+    assert sorted(run_dir.iterdir()) == sorted([*run.run_outputs(), run.photos])
     # a second run reuses the finished training instead of training again
     mtime = (run_dir / "best.pt").stat().st_mtime_ns
     assert cli(["demo", "--config", SMOKE, "--run-dir", str(run_dir), "--n-captions", "1", "--no-meteor",

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.api import ImageCaptionerEnsemble, build_model, load_captioner
 from captioner.config import config_to_dict, load_config
 from captioner.data.vocab import Vocab
@@ -84,14 +84,17 @@ def test_two_copies_of_a_model_decode_as_that_model(smoke_checkpoint, beam):
     assert isinstance(twice, ImageCaptionerEnsemble) and len(twice.members) == 2
     grid = backbone_grid(single, batch=4)
     with fast_paths.reference():  # the same dense log-softmax both ways: the mean of a and a is a, bit for bit
-        alone = single.generate(single.prepare_grid(grid), beam=beam, n_best=beam)
-        both = twice.generate(twice.grid_from(grid, images=False), beam=beam, n_best=beam)
+        assert twice.decode_options == single.decode_options  # an ensemble decodes as its first member
+        options = single.decode_options.replace_given(beam=beam, n_best=beam)
+        alone = single.generate(single.prepare_grid(grid), options)
+        both = twice.generate(twice.grid_from(grid, images=False), options)
     for one, two in zip(alone, both):
         assert [h.tokens for h in one] == [h.tokens for h in two]
         assert [h.score for h in one] == [h.score for h in two]
         for h1, h2 in zip(one, two):
             assert torch.equal(h1.alphas, h2.alphas)
-    fast = twice.generate(grid, beam=beam)  # the single model reads Logits, the ensemble dense log-probs
+    # the single model reads Logits, the ensemble dense log-probs
+    fast = twice.generate(grid, twice.decode_options.replace_given(beam=beam))
     assert [h[0].tokens for h in fast] == [h[0].tokens for h in alone]
 
 
@@ -139,7 +142,7 @@ def test_decoded_captions_carry_the_mean_score_and_the_chosen_alpha(pair, attent
     a, b = pair
     ensemble = CaptionerEnsemble([a, b], attention=attention)
     grid = backbone_grid(a)
-    hyps = ensemble.generate(grid, beam=beam, max_length=6)
+    hyps = ensemble.generate(grid, ensemble.decode_options.replace_given(beam=beam, max_length=6))
     for i, per_image in enumerate(hyps):
         best = per_image[0]
         reads = [teacher_forced(m, grid[i : i + 1], best.tokens, best.finished) for m in (a, b)]
@@ -150,12 +153,13 @@ def test_decoded_captions_carry_the_mean_score_and_the_chosen_alpha(pair, attent
 
 
 def test_hard_attention_copies_give_the_cells_the_model_reads(tmp_path):
-    hard = smoke_model(2, overrides=["model.attention.attention=hard"])
+    hard = smoke_model(2, overrides=["model.attention.attention=hard", "train.objective.kind=reinforce"])
     ensemble = CaptionerEnsemble([hard, hard])
     grid = backbone_grid(hard)
     with fast_paths.reference():
-        alone = hard.generate(hard.prepare_grid(grid), beam=2, attention_mode="argmax")
-        both = ensemble.generate(grid, beam=2, attention_mode="argmax")
+        options = hard.decode_options.replace_given(beam=2, attention_mode="argmax")
+        alone = hard.generate(hard.prepare_grid(grid), options)
+        both = ensemble.generate(grid, options)
     assert [h[0].tokens for h in alone] == [h[0].tokens for h in both]
     assert [h[0].locations for h in alone] == [h[0].locations for h in both]
     assert all(h[0].locations is not None for h in both)
@@ -284,7 +288,7 @@ def test_fine_tuned_members_share_the_cached_rows_and_run_their_own_top_blocks()
 
 # --------------------------------------------------------------------------- one read, whatever the order
 
-HARD_ARGMAX = ("model.attention.attention=hard", "eval.attention_mode=argmax")
+HARD_ARGMAX = ("model.attention.attention=hard", "train.objective.kind=reinforce", "eval.attention_mode=argmax")
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +321,7 @@ def test_members_that_read_differently_on_their_own_are_refused_until_a_mode_is_
     ensemble = CaptionerEnsemble(members, names=names)
     grid = backbone_grid(members[0])
     with pytest.raises(DecodeOptionError, match=re.escape(f"differently on their own ({reads})")):
-        ensemble.generate(grid, beam=2)
+        ensemble.generate(grid, ensemble.decode_options.replace_given(beam=2))
     with pytest.raises(DecodeOptionError, match="attention_mode must be given"):
         ensemble.generate(grid, ensemble.decode_options)  # the options themselves, passed back, are refused too
 
@@ -330,7 +334,8 @@ def test_a_given_mode_is_every_members_read_and_the_order_changes_no_word(soft_a
     for members, names in (([soft, hard], ["soft.pt", "hard.pt"]), ([hard, soft], ["hard.pt", "soft.pt"])):
         modes = _recording(monkeypatch, members, names)
         torch.manual_seed(0)
-        hyps = CaptionerEnsemble(members, names=names).generate(grid, beam=2, attention_mode=mode)
+        ensemble = CaptionerEnsemble(members, names=names)
+        hyps = ensemble.generate(grid, ensemble.decode_options.replace_given(beam=2, attention_mode=mode))
         assert modes == {"soft.pt": {mode}, "hard.pt": {mode}}
         words.append([h[0].tokens for h in hyps])
         monkeypatch.undo()
@@ -341,15 +346,15 @@ def test_a_given_mode_is_every_members_read_and_the_order_changes_no_word(soft_a
 def test_members_that_read_alike_need_no_mode(pair):
     """A soft model beside a hard one whose config reads "expectation": each reads as on its own."""
     soft = pair[0]
-    hard = smoke_model(4, backbone_of=soft, overrides=("model.attention.attention=hard",))
+    hard = smoke_model(4, backbone_of=soft, overrides=HARD_ARGMAX[:2])
     ensemble = CaptionerEnsemble([hard, soft])
     assert type(ensemble.decode_options) is DecodeOptions and ensemble.decode_options.attention_mode == "expectation"
-    assert ensemble.generate(backbone_grid(soft), beam=2)[0][0].locations is None
+    assert ensemble.generate(backbone_grid(soft), ensemble.decode_options.replace_given(beam=2))[0][0].locations is None
 
 
 def test_argmax_beside_sample_is_refused_too(pair):
     a = smoke_model(5, backbone_of=pair[0], overrides=HARD_ARGMAX)
-    b = smoke_model(6, backbone_of=pair[0], overrides=("model.attention.attention=hard", "eval.attention_mode=sample"))
+    b = smoke_model(6, backbone_of=pair[0], overrides=(*HARD_ARGMAX[:2], "eval.attention_mode=sample"))
     ensemble = CaptionerEnsemble([a, b])
     with pytest.raises(DecodeOptionError, match=r"\(member 0: argmax; member 1: sample\)"):
         ensemble.generate(backbone_grid(a))
@@ -363,7 +368,7 @@ def test_a_soft_member_that_cannot_read_one_cell_is_refused_by_name(pair):
     hard = smoke_model(8, backbone_of=pair[0], overrides=HARD_ARGMAX)
     ensemble = CaptionerEnsemble([hard, multi], names=["hard.pt", "multi.pt"])
     with pytest.raises(ValueError, match=r"^multi.pt: attention mode 'argmax' reads one grid cell per word"):
-        ensemble.generate(backbone_grid(hard), attention_mode="argmax")
+        ensemble.generate(backbone_grid(hard), ensemble.decode_options.replace_given(attention_mode="argmax"))
 
 
 @pytest.mark.parametrize("attention", ENSEMBLE_ATTENTIONS)
@@ -376,7 +381,8 @@ def test_the_cells_reported_are_those_of_the_map_shown(pair, attention):
         for p in (*a.decoder.attention.parameters(), *b.decoder.attention.parameters()):
             p.normal_(0.0, 1.0)
     grid = backbone_grid(a, batch=4)
-    hyps = {shown: CaptionerEnsemble([a, b], attention=shown).generate(grid, beam=2) for shown in ENSEMBLE_ATTENTIONS}
+    options = a.decode_options.replace_given(beam=2)  # the ensemble's: its first member's (both read alike)
+    hyps = {shown: CaptionerEnsemble([a, b], attention=shown).generate(grid, options) for shown in ENSEMBLE_ATTENTIONS}
     for per_image in hyps[attention]:
         best = per_image[0]
         assert best.locations is not None and len(best.locations) == len(best.tokens)

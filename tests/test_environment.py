@@ -99,6 +99,6 @@ def test_wheel_carries_the_shipped_model_configs_and_licence(tmp_path):
     for name in ("captioner/pretrained/flickr8k_soft/model.safetensors",
                  "captioner/pretrained/flickr8k_soft/config.json", "captioner/pretrained/flickr8k_soft/README.md",
                  "captioner/configs/flickr8k_soft.yaml", "captioner/configs/shapes.yaml",
-                 "captioner/serving/serve_page.html"):
+                 "captioner/serving/serve_page.html", "captioner/fast/kernels/fused.c"):
         assert name in names, name
     assert any(n.endswith("licenses/LICENSE") for n in names)

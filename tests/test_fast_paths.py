@@ -1,8 +1,8 @@
 """The training fast paths against plain implementations, so a hand-written backward cannot drift.
 
-- losses.token_nll (one-pass backward) and losses.linear_token_nll (output layer fused with it) against
+- fast/token_nll.token_nll (one-pass backward) and linear_token_nll (output layer fused with it) against
   F.linear + F.cross_entropy;
-- models/deferred.StepWeight (weight gradients formed once per sequence) against per-step autograd;
+- fast/deferred.StepWeight (weight gradients formed once per sequence) against per-step autograd;
 - the fast decoder's whole training loss (sorted, shrinking batch, packed output layer, deferred LSTM weight
   gradients, token_nll) against the reference decoder module (models/decoders/show_attend_tell.py, the paper's
   equations step by step over the padded batch) with the same weights and F.cross_entropy: every gradient equal;
@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
+from captioner.fast.deferred import step_weights
+from captioner.fast.token_nll import linear_token_nll, token_nll
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder, ProjectedState
-from captioner.models.deferred import step_weights
-from captioner.training.losses import hard_attention_loss, linear_token_nll, soft_attention_loss, token_nll
+from captioner.training.losses import hard_attention_loss, soft_attention_loss
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -258,6 +259,7 @@ def test_keep_freed_memory_applies_on_glibc_linux():
 def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
     """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""
+    from captioner.decoding.options import DecodeOptions
     from captioner.decoding.search import beam_search
 
     torch.manual_seed(4)
@@ -288,8 +290,8 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
         results = []
         for words in (20, 0):
             dec.project_values_words = words
-            results.append(beam_search(step, dec.init_state(grid), batch_size=3, start_id=1, end_id=2,
-                                       beam_size=K, max_length=8, n_best=2, expand=dec.expand_state))
+            results.append(beam_search(step, dec.init_state(grid), DecodeOptions(beam=K, n_best=2, max_length=8),
+                                       batch_size=3, start_id=1, end_id=2, expand=dec.expand_state))
     for fast_hyps, plain_hyps in zip(*results):
         assert [h.tokens for h in fast_hyps] == [h.tokens for h in plain_hyps]
         for a, b in zip(fast_hyps, plain_hyps):
@@ -356,7 +358,7 @@ def test_sample_without_autograd_reads_projected_values_like_the_plain_path(mode
 
 
 def test_step_weight_uses_a_packing_it_holds_at_once_and_mm_leaves_out_the_base():
-    from captioner.models import deferred
+    from captioner.fast import deferred
 
     g = torch.Generator().manual_seed(0)
     weight, base = torch.randn(30, 20, generator=g), torch.randn(30, generator=g)
@@ -386,7 +388,7 @@ def test_step_weight_uses_a_packing_it_holds_at_once_and_mm_leaves_out_the_base(
 
 @pytest.mark.parametrize("rows", [1, 7, 32])
 def test_packed_step_weight_equals_addmm_and_repacks_when_rows_change(rows):
-    from captioner.models import deferred
+    from captioner.fast import deferred
 
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(40, 64, generator=g)[:, 8:]  # a column block: a strided view, as the LSTM's context block

@@ -1,4 +1,4 @@
-"""The straight-through Gumbel-softmax estimator of hard attention (train.hard.estimator: gumbel; Jang et al.
+"""The straight-through Gumbel-softmax estimator of hard attention (train.objective.kind: gumbel; Jang et al.
 2017, Maddison et al. 2017): the read (models/attention.py, mode "gumbel") takes one cell, a sample of alpha, and
 carries the relaxed sample's gradient; the fast decoder computes what the reference does; a tiny run on the
 shapes data trains its scorer through the read alone; the temperature schedule; the config's keys."""
@@ -14,20 +14,20 @@ import torch.nn.functional as F
 
 import captioner.models.attention as attention_mod
 import captioner.training.validation as validation_mod
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.api import build_model
-from captioner.config import ESTIMATOR_KEYS, ConfigError, HardConfig, get_path, load_config
+from captioner.config import ConfigError, get_path, load_config
 from captioner.data.vocab import Vocab
 from captioner.models.attention import HardAttention, gumbel_noise, read_context
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
-from captioner.names import DECODING_MODES, HARD_ESTIMATORS
+from captioner.names import DECODING_MODES
 from captioner.store.checkpoint import load_checkpoint
 from captioner.training.distributed import seed_everything
 from captioner.training.loop import train
 from captioner.training.losses import gumbel_attention_loss, gumbel_temperature
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
-GUMBEL = ["model.attention.attention=hard", "train.hard.estimator=gumbel"]
+GUMBEL = ["model.attention.attention=hard", "train.objective.kind=gumbel"]
 
 
 # --------------------------------------------------------------------------- the forward read
@@ -150,7 +150,7 @@ SENTENCES = [s.split() for s in ("a red circle above a blue square", "a green tr
 
 
 def _model_and_batch(seed: int = 0):
-    cfg = load_config(SMOKE, ["model.attention.attention=hard", "model.decoder.dropout=0.0",
+    cfg = load_config(SMOKE, [*GUMBEL, "model.decoder.dropout=0.0",
                               "model.decoder.hidden_dim=48", "model.attention.attention_dim=24"])
     vocab = Vocab.build(SENTENCES)
     torch.manual_seed(seed)
@@ -164,9 +164,9 @@ def _model_and_batch(seed: int = 0):
     return model, grid, captions, lengths
 
 
-def _loss_and_grads(model, grid, captions, lengths, mode: str, expectation=None):
+def _loss_and_grads(model, grid, captions, lengths, mode: str, expectation=None, temperature: float = 1.0):
     model.zero_grad(set_to_none=True)
-    out = model(grid, captions, lengths, attention_mode=mode, expectation_mask=expectation)
+    out = model(grid, captions, lengths, attention_mode=mode, expectation_mask=expectation, temperature=temperature)
     res = gumbel_attention_loss(out, captions[:, 1:], alpha_c=0.0)
     res.loss.backward()
     return res.loss.detach(), out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -186,13 +186,12 @@ def test_fast_and_reference_decoders_read_and_differentiate_alike(monkeypatch):
                         lambda *a, **k: fast_steps.append(1) or real_step(*a, **k))
     model, grid, captions, lengths = _model_and_batch()
     model.train()
-    model.decoder.attention.temperature = 0.5
     for expectation in (None, torch.tensor([True, False, False, True])):
         runs = {}
         for reference in (False, True):
             fast_steps.clear()
             with fast_paths.reference(reference):
-                runs[reference] = _loss_and_grads(model, grid, captions, lengths, "gumbel", expectation)
+                runs[reference] = _loss_and_grads(model, grid, captions, lengths, "gumbel", expectation, 0.5)
             assert bool(fast_steps) is not reference
         (loss_f, out_f, grads_f), (loss_r, out_r, grads_r) = runs[False], runs[True]
         torch.testing.assert_close(loss_f, loss_r, atol=1e-5, rtol=1e-5)
@@ -224,11 +223,11 @@ def test_decoding_refuses_the_training_read():
     model, grid, _, _ = _model_and_batch()
     model.eval()
     with pytest.raises(ValueError, match="attention_mode must be one of expectation, argmax, sample, got 'gumbel'"):
-        model.generate(grid, beam=1, attention_mode="gumbel")
+        model.generate(grid, model.decode_options.replace_given(beam=1, attention_mode="gumbel"))
     assert "gumbel" not in DECODING_MODES
     with pytest.raises(ConfigError, match="eval.attention_mode"):
         load_config(None, ["eval.attention_mode=gumbel"])
-    assert HardAttention.temperature == 1.0  # the read's default τ, before any schedule sets it
+    assert "temperature" not in vars(HardAttention)  # τ is an argument of the read, never a module's attribute
 
 
 # --------------------------------------------------------------------------- the schedule and a tiny run
@@ -250,7 +249,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture
 def no_metrics(monkeypatch):
     """No Java, no metric cost: the training loop is under test, not the captions."""
-    monkeypatch.setattr(validation_mod, "score_captions", lambda predictions, references, meteor=False:
+    monkeypatch.setattr(validation_mod, "caption_scores", lambda predictions, references, meteor=False:
                         {"BLEU-4": 1.0, "CIDEr-D": 1.0})
 
 
@@ -264,13 +263,14 @@ def test_a_tiny_gumbel_run_on_shapes_lowers_the_loss_and_trains_the_scorer(data_
     cross-entropy falls, each epoch trains at its scheduled τ, no baseline is kept, and with λ = γ = 0 and no
     expectation captions the scorer's weights still moved (Adam leaves a weight with zero gradient where it
     is): the relaxed read is their only gradient."""
-    cfg = _tiny_cfg(data_root, tmp_path / "run", "train.epochs=3", "train.alpha_c=0", "train.hard.expectation_prob=0",
-                    "train.hard.temperature=2.0", "train.hard.temperature_min=0.5")
+    cfg = _tiny_cfg(data_root, tmp_path / "run", "train.epochs=3", "train.objective.alpha_c=0",
+                    "train.objective.expectation_prob=0", "train.objective.temperature=2.0",
+                    "train.objective.temperature_min=0.5")
     run = train(cfg)
     log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["train_temperature"] for e in log] == pytest.approx([2.0, 1.0, 0.5])
     assert log[-1]["train_xe"] < log[0]["train_xe"] - 0.2
-    assert all(e["baseline"] is None for e in log) and "train_reinforce" not in log[0]
+    assert all("baseline" not in e for e in log) and "train_reinforce" not in log[0]
     trained = load_checkpoint(run / "last.pt")["model"]
     seed_everything(cfg.train.seed)  # the run's initial weights (train._set_up builds them right after this)
     initial = build_model(cfg, Vocab.load(run / "vocab.json")).state_dict()
@@ -289,7 +289,7 @@ def test_a_resumed_gumbel_run_continues_exactly(data_root, tmp_path, no_metrics,
     this test resumed a one-epoch run to two epochs; that is what is refused now."""
     from captioner.commands.train import main
 
-    sets = ("train.hard.temperature=2.0", "train.hard.temperature_min=0.5", "train.epochs=2")
+    sets = ("train.objective.temperature=2.0", "train.objective.temperature_min=0.5", "train.epochs=2")
     straight = train(_tiny_cfg(data_root, tmp_path / "straight", *sets))
     first = train(_tiny_cfg(data_root, tmp_path / "resumed", *sets, "train.time_budget_s=0.001"))
     assert load_checkpoint(first / "last.pt")["stop"] == "time budget"
@@ -308,32 +308,30 @@ def test_a_resumed_gumbel_run_continues_exactly(data_root, tmp_path, no_metrics,
 # --------------------------------------------------------------------------- the config
 
 
-def test_the_gumbel_estimator_reads_its_keys_and_refuses_the_others():
-    assert "gumbel" in HARD_ESTIMATORS and tuple(ESTIMATOR_KEYS) == HARD_ESTIMATORS
-    fields = {f for f in HardConfig.__dataclass_fields__ if f != "estimator"}
-    assert set().union(*ESTIMATOR_KEYS.values()) == fields  # every key is read by some estimator
-    cfg = load_config(None, [*GUMBEL, "train.hard.temperature=2", "train.hard.temperature_min=0.1",
-                             "train.hard.expectation_prob=0", "train.alpha_c=0.5", "train.alpha_entropy=0.1"])
-    assert (cfg.train.hard.temperature, cfg.train.hard.temperature_min) == (2.0, 0.1)
-    for key, value in (("reinforce_weight", "0.5"), ("entropy_weight", "0.5"), ("baseline_decay", "0.5"),
-                       ("samples", "3"), ("reward_discount", "0.5")):
-        with pytest.raises(ConfigError, match=f"train.hard.{key}: set to .*the 'gumbel' estimator does not read it"):
-            load_config(None, [*GUMBEL, f"train.hard.{key}={value}"])
-    for estimator in ("paper", "loo"):
+def test_the_gumbel_objective_reads_its_keys_and_refuses_the_others():
+    cfg = load_config(None, [*GUMBEL, "train.objective.temperature=2", "train.objective.temperature_min=0.1",
+                             "train.objective.expectation_prob=0", "train.objective.alpha_c=0.5",
+                             "train.objective.alpha_entropy=0.1"])
+    assert (cfg.train.objective.temperature, cfg.train.objective.temperature_min) == (2.0, 0.1)
+    for key in ("reinforce_weight", "entropy_weight", "baseline_decay", "samples", "reward_discount"):
+        with pytest.raises(ConfigError, match=f"unknown config key 'train.objective.{key}' .*for kind gumbel"):
+            load_config(None, [*GUMBEL, f"train.objective.{key}=0.5"])
+    for kind in ("reinforce", "loo"):
         for key in ("temperature=2", "temperature_min=0.1"):
-            with pytest.raises(ConfigError, match=f"train.hard.{key.split('=')[0]}: .*only 'gumbel'"):
-                load_config(None, ["model.attention.attention=hard", f"train.hard.estimator={estimator}",
-                                   f"train.hard.{key}"])
-    with pytest.raises(ConfigError, match="train.hard.temperature: .*only hard attention"):
-        load_config(None, ["train.hard.temperature=2"])  # a soft model has no location policy
+            with pytest.raises(ConfigError, match=f"unknown config key 'train.objective.{key.split('=')[0]}'"):
+                load_config(None, ["model.attention.attention=hard", f"train.objective.kind={kind}",
+                                   f"train.objective.{key}"])
+    with pytest.raises(ConfigError, match="'gumbel' trains hard attention's location policy"):
+        load_config(None, ["train.objective.kind=gumbel"])  # a soft model has no location policy
 
 
 @pytest.mark.parametrize("override, match", [
-    ("train.hard.temperature=0", "train.hard.temperature: must be > 0"),
-    ("train.hard.temperature_min=-0.5", "train.hard.temperature_min: must be > 0"),
-    ("train.hard.temperature_min=2", r"temperature_min \(2.0\) must be <= train.hard.temperature \(1.0\)"),
+    ("train.objective.temperature=0", "train.objective.temperature: must be > 0"),
+    ("train.objective.temperature_min=-0.5", "train.objective.temperature_min: must be > 0"),
+    ("train.objective.temperature_min=2", r"temperature_min \(2.0\) must be <= train.objective.temperature \(1.0\)"),
 ])
 def test_temperatures_are_validated(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, [*GUMBEL, override])
-    assert get_path(load_config(None, [*GUMBEL, "train.hard.temperature_min=1"]), "train.hard.temperature_min") == 1.0
+    cfg = load_config(None, [*GUMBEL, "train.objective.temperature_min=1"])
+    assert get_path(cfg, "train.objective.temperature_min") == 1.0

@@ -1,11 +1,12 @@
 """Hard attention from soft (issue 35): train.init takes a soft run, a model folder or a shipped model's name for a
 hard run (only the attention kind and the dropout rates may differ, and the log says so); the K leave-one-out
 copies of a caption share their dropout masks (contract.shared_dropout, in both decoder paths); SCST's own
-location-policy settings (train.scst.attention_mode, entropy_weight) and its xe_weight; soft models read one cell
+location-policy settings (train.objective.attention_mode, entropy_weight) and its xe_weight; soft models read one cell
 per word when asked for "argmax"/"sample", and multi-head attention refuses to."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from torch import nn
 
 import captioner.training.loop as train_mod
 import captioner.training.validation as validation_mod
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.api import build_model, load_captioner
 from captioner.cli import main as cli_main
 from captioner.config import ConfigError, check_read_keys, config_from_dict, config_to_dict, load_config
@@ -27,12 +28,14 @@ from captioner.models.decoders.contract import shared_dropout
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.models.decoders.transformer import TransformerDecoder
 from captioner.training.loop import train
+from captioner.training.objectives.registry import build_objective
+from captioner.training.objectives.self_critical import SelfCritical
 from captioner.training.resume import INIT_MAY_DIFFER, init_weights, load_init, require_same_sections
-from captioner.training.scst import SelfCritical
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 HARD = "model.attention.attention=hard"
+REINFORCE = "train.objective.kind=reinforce"  # what trains a hard model's location policy
 SWITCH = "model.attention.attention: 'soft' -> 'hard' (the same weights, read the new way)"
 # the words of the smoke_checkpoint fixture (conftest.py)
 VOCAB = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
@@ -53,7 +56,7 @@ def _assert_same_weights(model: nn.Module, state: dict) -> None:
 
 
 def test_a_soft_checkpoint_starts_a_hard_model_with_its_weights(smoke_checkpoint, caplog):
-    cfg = load_config(SMOKE, [HARD, f"train.init={smoke_checkpoint}"])
+    cfg = load_config(SMOKE, [HARD, REINFORCE, f"train.init={smoke_checkpoint}"])
     payload = load_init(str(smoke_checkpoint))  # a run directory: its best.pt
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
     assert model.decoder.stochastic
@@ -66,7 +69,7 @@ def test_a_soft_checkpoint_starts_a_hard_model_with_its_weights(smoke_checkpoint
 def test_the_dropout_rates_may_differ_and_are_listed(smoke_checkpoint):
     payload = load_init(str(smoke_checkpoint))
     assert _changes(payload, load_config(SMOKE)) == []
-    cfg = load_config(SMOKE, [HARD, "model.decoder.dropout=0.3", "model.decoder.feature_dropout=0.2"])
+    cfg = load_config(SMOKE, [HARD, REINFORCE, "model.decoder.dropout=0.3", "model.decoder.feature_dropout=0.2"])
     assert _changes(payload, cfg) == ["model.attention.attention: 'soft' -> 'hard'",
                                       "model.decoder.dropout: 0.1 -> 0.3", "model.decoder.feature_dropout: 0.0 -> 0.2"]
 
@@ -78,7 +81,7 @@ def test_the_dropout_rates_may_differ_and_are_listed(smoke_checkpoint):
     ("data.shapes.n_train=30", "data"),
 ])
 def test_any_other_difference_is_still_refused(smoke_checkpoint, override, section):
-    cfg = load_config(SMOKE, [HARD, override, f"train.init={smoke_checkpoint}"])
+    cfg = load_config(SMOKE, [HARD, REINFORCE, override, f"train.init={smoke_checkpoint}"])
     with pytest.raises(ConfigError, match=f"train.init=.*the config's '{section}' section differs from the "
                                           f"checkpoint's.*only model.attention.attention"):
         init_weights(cfg, None, load_init(str(smoke_checkpoint)))  # refused before a weight is read
@@ -87,7 +90,7 @@ def test_any_other_difference_is_still_refused(smoke_checkpoint, override, secti
 def test_a_model_folder_starts_a_hard_model(smoke_checkpoint, tmp_path, caplog):
     folder = tmp_path / "soft-folder"
     assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), "--format", "hub", str(folder)]) == 0
-    cfg = load_config(SMOKE, [HARD, f"train.init={folder}"])
+    cfg = load_config(SMOKE, [HARD, REINFORCE, f"train.init={folder}"])
     payload = load_init(str(folder))
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
     with caplog.at_level(logging.INFO, logger="captioner.training.resume"):
@@ -105,7 +108,7 @@ def test_the_shipped_soft_model_starts_the_hard_from_soft_config():
 
 @pytest.fixture
 def fake_scores(monkeypatch):
-    monkeypatch.setattr(validation_mod, "score_captions", lambda predictions, references, meteor=False:
+    monkeypatch.setattr(validation_mod, "caption_scores", lambda predictions, references, meteor=False:
                         {"BLEU-4": 1.0, "CIDEr-D": 1.0})
 
 
@@ -116,7 +119,7 @@ def test_a_hard_loo_run_trains_from_a_soft_run(tmp_path, fake_scores, caplog):
 
     soft = train(cfg("soft"))
     with caplog.at_level(logging.INFO, logger="captioner.training.resume"):
-        hard = train(cfg("hard", HARD, "train.hard.estimator=loo", "train.hard.samples=2", f"train.init={soft}"))
+        hard = train(cfg("hard", HARD, "train.objective.kind=loo", "train.objective.samples=2", f"train.init={soft}"))
     assert SWITCH in caplog.text
     assert (hard / "best.pt").is_file()
 
@@ -167,7 +170,7 @@ def test_copies_of_a_caption_share_their_dropout_masks(reference, attention, mod
 
 
 def test_the_train_forward_passes_the_copy_rows_as_dropout_rows():
-    model = build_model(load_config(SMOKE, [HARD, "model.decoder.dropout=0.5"]), VOCAB).train()
+    model = build_model(load_config(SMOKE, [HARD, REINFORCE, "model.decoder.dropout=0.5"]), VOCAB).train()
     forward = train_mod._TrainForward(model, from_images=False)
     grids = torch.randn(2, model.grid_hw[0] * model.grid_hw[1], model.encoder.backbone_dim)
     rows = torch.tensor([0, 0, 1, 1])  # two copies of each of two captions, as the loo estimator makes them
@@ -185,43 +188,44 @@ def test_the_transformer_decoder_refuses_dropout_rows():
 
 # --------------------------------------------------------------------------- SCST's explicit settings
 
-HARD_SCST = [HARD, "train.objective=scst"]
+SCST = "train.objective.kind=scst"
+HARD_SCST = [HARD, SCST]
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (HARD_SCST, "train.scst.entropy_weight: hard-attention SCST samples its cells and needs the location "
-                "policy's entropy bonus set explicitly .*or train.scst.attention_mode: argmax"),
-    ([*HARD_SCST, "train.scst.entropy_weight=-0.5"], "train.scst.entropy_weight: must be >= 0, got -0.5"),
-    ([*HARD_SCST, "train.scst.attention_mode=argmax", "train.scst.entropy_weight=0.01"],
-     "train.scst.entropy_weight: set to 0.01, .*argmax reads are not sampled"),
-    ([*HARD_SCST, "train.scst.entropy_weight=0.01", "train.hard.entropy_weight=0.05"],
-     "train.hard.entropy_weight: set to 0.05, .*SCST reads train.scst"),
-    (["train.objective=scst", "train.scst.entropy_weight=0.01"],
-     "train.scst.entropy_weight: .*only hard attention has a location policy"),
-    (["train.objective=scst", "train.scst.attention_mode=argmax"],
-     "train.scst.attention_mode: .*only hard attention has a location policy"),
-    (["train.scst.attention_mode=expectation"], "train.scst.attention_mode: 'expectation' is not one of sample, "
-                                                "argmax"),
-    (["train.objective=scst", "train.scst.xe_weight=-1"], "train.scst.xe_weight: must be >= 0"),
+    (HARD_SCST, "train.objective.entropy_weight: hard-attention SCST samples its cells and needs the location "
+                "policy's entropy bonus set explicitly .*or train.objective.attention_mode: argmax"),
+    ([*HARD_SCST, "train.objective.entropy_weight=-0.5"], "train.objective.entropy_weight: must be >= 0, got -0.5"),
+    ([*HARD_SCST, "train.objective.attention_mode=argmax", "train.objective.entropy_weight=0.01"],
+     "train.objective.entropy_weight: set to 0.01, .*argmax reads are not sampled"),
+    ([*HARD_SCST, "train.objective.entropy_weight=0.01", "train.objective.alpha_c=0.05"],
+     "unknown config key 'train.objective.alpha_c' .*for kind scst"),
+    ([SCST, "train.objective.entropy_weight=0.01"],
+     "train.objective.entropy_weight: .*only hard attention has a location policy"),
+    ([SCST, "train.objective.attention_mode=argmax"],
+     "train.objective.attention_mode: .*only hard attention has a location policy"),
+    ([SCST, "train.objective.attention_mode=expectation"], "train.objective.attention_mode: 'expectation' is not "
+                                                           "one of sample, argmax"),
+    ([SCST, "train.objective.xe_weight=-1"], "train.objective.xe_weight: must be >= 0"),
 ])
 def test_scst_location_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
 
 
-@pytest.mark.parametrize("overrides", [[*HARD_SCST, "train.scst.entropy_weight=0"],
-                                       [*HARD_SCST, "train.scst.attention_mode=argmax"],
-                                       ["train.objective=scst", "train.scst.xe_weight=0.5"]])
+@pytest.mark.parametrize("overrides", [[*HARD_SCST, "train.objective.entropy_weight=0"],
+                                       [*HARD_SCST, "train.objective.attention_mode=argmax"],
+                                       [SCST, "train.objective.xe_weight=0.5"]])
 def test_scst_location_settings_load(overrides):
     load_config(None, overrides)
 
 
 def test_a_hard_scst_config_saved_before_the_setting_still_loads_for_decoding():
-    saved = config_to_dict(load_config(None, [*HARD_SCST, "train.scst.entropy_weight=0.01"]))
-    del saved["train"]["scst"]["entropy_weight"]  # a checkpoint written before the key existed
+    saved = config_to_dict(load_config(None, [*HARD_SCST, "train.objective.entropy_weight=0.01"]))
+    del saved["train"]["objective"]["entropy_weight"]  # a checkpoint written before the key existed
     cfg = config_from_dict(saved)  # what load_captioner and model folders read
-    assert cfg.train.scst.entropy_weight == -1.0
-    with pytest.raises(ConfigError, match="train.scst.entropy_weight: hard-attention SCST"):
+    assert cfg.train.objective.entropy_weight == -1.0
+    with pytest.raises(ConfigError, match="train.objective.entropy_weight: hard-attention SCST"):
         check_read_keys(cfg)  # a run on it must still choose
 
 
@@ -230,10 +234,10 @@ _TRAIN_SET = SimpleNamespace(encoded=[[VOCAB.encode(["a", "red", "circle"]), VOC
 
 
 def _self_critical(*overrides: str, cfg=None) -> tuple[SelfCritical, nn.Module]:
-    cfg = cfg or load_config(SMOKE, ["train.objective=scst", "train.scst.samples=2", *overrides])
+    cfg = cfg or load_config(SMOKE, [SCST, "train.objective.samples=2", *overrides])
     torch.manual_seed(0)
     model = build_model(cfg, VOCAB).train()
-    sc = SelfCritical(cfg, model, _TRAIN_SET, from_images=False)
+    sc = build_objective(cfg, model, _TRAIN_SET, from_images=False)
     sc.rewards = lambda tokens, lengths, images: torch.rand(tokens.shape[0])  # a nonzero advantage, no CIDEr-D
     return sc, model
 
@@ -244,40 +248,40 @@ def _batch(model: nn.Module) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize("overrides,mode,entropy_weight", [
-    ([HARD, "train.scst.entropy_weight=0.2"], "sample", 0.2),
-    ([HARD, "train.scst.entropy_weight=0", "train.hard.entropy_weight=0.01"], "sample", 0.0),
-    ([HARD, "train.scst.attention_mode=argmax"], "argmax", 0.0),
+    ([HARD, "train.objective.entropy_weight=0.2"], "sample", 0.2),
+    ([HARD, "train.objective.entropy_weight=0"], "sample", 0.0),
+    ([HARD, "train.objective.attention_mode=argmax"], "argmax", 0.0),
     ([], "expectation", 0.0),
 ])
-def test_self_critical_reads_its_entropy_weight_from_train_scst(overrides, mode, entropy_weight):
+def test_self_critical_reads_its_entropy_weight_from_its_section(overrides, mode, entropy_weight):
     sc, _ = _self_critical(*overrides)
     assert (sc.sample_mode, sc.entropy_weight) == (mode, entropy_weight)
 
 
 def test_self_critical_refuses_an_unset_entropy_weight_built_without_load_config():
-    cfg = config_from_dict({"model": {"attention": {"attention": "hard"}}, "train": {"objective": "scst"}})
-    with pytest.raises(ConfigError, match="train.scst.entropy_weight"):
+    cfg = config_from_dict({"model": {"attention": {"attention": "hard"}}, "train": {"objective": {"kind": "scst"}}})
+    with pytest.raises(ConfigError, match="train.objective.entropy_weight"):
         _self_critical(cfg=cfg)
 
 
 @pytest.mark.parametrize("mode,attention_learns", [("sample", True), ("argmax", False)])
 def test_scst_argmax_mode_has_no_location_terms(mode, attention_learns):
-    sc, model = _self_critical(HARD, f"train.scst.attention_mode={mode}",
-                               *(["train.scst.entropy_weight=0"] if mode == "sample" else []))
-    sc.loss(train_mod._TrainForward(model, from_images=False), model, _batch(model)).loss.backward()
+    sc, model = _self_critical(HARD, f"train.objective.attention_mode={mode}",
+                               *(["train.objective.entropy_weight=0"] if mode == "sample" else []))
+    sc.loss(train_mod._TrainForward(model, from_images=False), _batch(model)).loss.backward()
     attention = [p.grad for name, p in model.decoder.named_parameters() if name.startswith("attention.")]
     assert any(g is not None and g.abs().sum() > 0 for g in attention) == attention_learns
     assert model.decoder.out.weight.grad.abs().sum() > 0  # the words learn either way
 
 
 def test_xe_weight_adds_a_teacher_forced_cross_entropy():
-    sc, model = _self_critical("train.scst.xe_weight=0.5")
+    sc, model = _self_critical("train.objective.xe_weight=0.5")
     forward, batch = train_mod._TrainForward(model, from_images=False), _batch(model)
     torch.manual_seed(1)
-    with_xe = sc.loss(forward, model, batch)
-    sc.xe_weight = 0.0
+    with_xe = sc.loss(forward, batch)
+    sc.section = dataclasses.replace(sc.section, xe_weight=0.0)
     torch.manual_seed(1)
-    without = sc.loss(forward, model, batch)
+    without = sc.loss(forward, batch)
     assert "xe" not in without.parts and with_xe.parts["xe"] > 0
     assert with_xe.loss.item() == pytest.approx(without.loss.item() + 0.5 * with_xe.parts["xe"].item(), rel=1e-5)
 
@@ -307,8 +311,9 @@ def test_a_soft_model_asked_for_argmax_reads_one_cell_per_word():
     H, W = model.grid_hw
     grid = model.prepare_grid(torch.randn(1, H * W, model.encoder.backbone_dim))
     with torch.no_grad():
-        ((one_cell,),) = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode="argmax")
-        ((soft,),) = model.generate(grid, beam=1, max_length=6, min_length=3, attention_mode="expectation")
+        greedy = model.decode_options.replace_given(beam=1, max_length=6)
+        ((one_cell,),) = model.generate(grid, greedy.replace_given(attention_mode="argmax"), min_length=3)
+        ((soft,),) = model.generate(grid, greedy.replace_given(attention_mode="expectation"), min_length=3)
     assert one_cell.locations == one_cell.alphas.argmax(1).tolist()  # the cell each word read, reported
     assert soft.locations is None
 
@@ -322,7 +327,8 @@ def test_multi_head_attention_refuses_one_cell_modes():
         with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
             model.check_decode_options(DecodeOptions(attention_mode=mode))
         with pytest.raises(ValueError, match=f"attention mode '{mode}' reads one grid cell per word"):
-            model.generate(torch.zeros(1, 1, 1), attention_mode=mode)  # refused before the grid is read
+            # refused before the grid is read
+            model.generate(torch.zeros(1, 1, 1), model.decode_options.replace_given(attention_mode=mode))
 
 
 @pytest.mark.parametrize("reference", [False, True])

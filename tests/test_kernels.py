@@ -1,4 +1,4 @@
-"""The fused C kernels (captioner/kernels) against the PyTorch code they replace.
+"""The fused C kernels (captioner/fast/kernels) against the PyTorch code they replace.
 
 - The additive scorer: forward and backward agree with autograd through tanh(p + q) @ v for one and several
   queries per key row, strided queries and sizes that are not a multiple of the vector width; the results
@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from captioner import kernels
+from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import Logits, beam_search
-from captioner.kernels import build
+from captioner.fast import kernels
+from captioner.fast.kernels import build
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.models.scorers import AdditiveScorer
 
@@ -263,8 +264,8 @@ def test_beam_search_gives_the_same_captions_with_and_without_the_kernels():
                 def step(tokens, state):
                     lp, alpha, loc, st = dec.step_with_location(tokens, state, dense=False)
                     return lp, (alpha, loc), st
-                return beam_search(step, dec.init_state(grid), batch_size=6, start_id=1, end_id=2, max_length=8,
-                                   forbid_ids=(0, 1), beam_size=4, expand=dec.expand_state)
+                return beam_search(step, dec.init_state(grid), DecodeOptions(beam=4, max_length=8), batch_size=6,
+                                   start_id=1, end_id=2, forbid_ids=(0, 1), expand=dec.expand_state)
         finally:
             AdditiveScorer.fused = Logits.fused = FastShowAttendTellDecoder.fused_cell = True
 

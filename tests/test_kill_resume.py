@@ -60,7 +60,7 @@ def _scored_by_val_loss(monkeypatch) -> None:
         scores = real(*args)
         return {**scores, "CIDEr-D": -scores["val_loss"]}
 
-    monkeypatch.setattr(validation_mod, "score_captions", _constant_scores)
+    monkeypatch.setattr(validation_mod, "caption_scores", _constant_scores)
     monkeypatch.setattr(loop_mod, "validate", validate)
 
 
@@ -81,7 +81,7 @@ def straight(data_root, tmp_path_factory) -> dict[str, RunDir]:
         _scored_by_val_loss(mp)
         runs["improving"] = RunDir(train(_cfg(data_root, tmp_path_factory.mktemp("straight"), *KEEP)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(validation_mod, "score_captions", _constant_scores)
+        mp.setattr(validation_mod, "caption_scores", _constant_scores)
         runs["patience"] = RunDir(train(_cfg(data_root, tmp_path_factory.mktemp("patient"), *KEEP,
                                              "train.patience=1")))
     return runs
@@ -128,7 +128,7 @@ def test_a_run_interrupted_at_each_write_resumes_to_the_uninterrupted_runs_files
         scores = [e["CIDEr-D"] for e in load_checkpoint(reference.last)["metrics"]["history"]]
         assert scores == sorted(set(scores)), "every epoch should improve, so that each writes best.pt"
     else:
-        monkeypatch.setattr(validation_mod, "score_captions", _constant_scores)
+        monkeypatch.setattr(validation_mod, "caption_scores", _constant_scores)
     sets = [*KEEP] + (["train.patience=1"] if kind == "patience" else [])
     with monkeypatch.context() as mp:
         _die_at(mp, name, nth)
@@ -148,7 +148,7 @@ def test_a_run_interrupted_at_each_write_resumes_to_the_uninterrupted_runs_files
 def test_a_snapshot_lost_by_an_earlier_version_is_written_again_on_resume(data_root, tmp_path, monkeypatch):
     """Earlier versions wrote last.pt before the epoch's snapshot: a kill between the two lost the snapshot, and the
     average silently took an older epoch. A resume writes it again from last.pt (the same weights)."""
-    monkeypatch.setattr(validation_mod, "score_captions", _constant_scores)
+    monkeypatch.setattr(validation_mod, "caption_scores", _constant_scores)
     run = RunDir(train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "train.keep_epochs=true")))
     run.epoch(1).unlink()
     train(_cfg(data_root, run.root, "train.epochs=2", "train.keep_epochs=true", "train.average_last=2"),

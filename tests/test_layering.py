@@ -3,7 +3,8 @@
 - no import cycles: the graph of which module imports which has no circle, not even through a function-level
   import (``api`` <-> ``zoo`` and ``config`` <-> ``data/datasets`` were two);
 - ``captioner/config.py`` is a leaf: it checks names against ``captioner/names.py`` and reads the decoder
-  families' torch-free configs (``models/decoders/*_config.py``), and loads without torch;
+  families' and the training objectives' torch-free sections (``models/decoders/*_config.py``,
+  ``training/objectives/sections.py``), and loads without torch;
 - ``captioner/models/`` holds pure modules: they import neither the data layer, the config, the
   checkpoint format nor the application (``captioner.api``) or the command line;
 - ``captioner/data/`` knows files and records, not models;
@@ -187,31 +188,37 @@ def test_the_package_has_no_import_cycles():
 
 
 def _family_config(module: str) -> bool:
-    """A decoder family's torch-free config module (or the decoders package's own, which lists them)."""
+    """A decoder family's or a training objective's torch-free config module (or the decoders' or objectives'
+    package's own, which lists them; and the training package's, which imports nothing)."""
+    if module in ("captioner.training", "captioner.training.objectives", "captioner.training.objectives.sections"):
+        return True
     name = module.removeprefix("captioner.models.decoders")
     return name in ("", ".family") or (name.startswith(".") and name.endswith("_config"))
 
 
 def test_config_is_a_leaf_and_loads_without_torch():
-    """config.py reads names.py, atomic.py and the decoder families' configs (models/decoders/*_config.py,
-    family.py, the package's registry of them), which import nothing else of the package, and no torch."""
+    """config.py reads names.py, atomic.py, the decoder families' configs (models/decoders/*_config.py,
+    family.py, the package's registry of them) and the training objectives' sections (training/objectives/
+    sections.py and its package's registry), which import nothing else of the package, and no torch."""
     graph = package_graph()
-    assert graph["captioner.config"] <= {"captioner.names", "captioner.atomic", "captioner.models.decoders"}
+    assert graph["captioner.config"] <= {"captioner.names", "captioner.atomic", "captioner.models.decoders",
+                                         "captioner.training.objectives", "captioner.decoding.options"}
     reached, todo = set(), ["captioner.config"]
     while todo:
         for target in graph[todo.pop()] - reached:
             reached.add(target)
             todo.append(target)
-    families = reached - {"captioner.names", "captioner.atomic"}
+    families = reached - {"captioner.names", "captioner.atomic", "captioner.decoding.options"}
     assert len(families) >= 4 and all(_family_config(m) for m in families), sorted(families)
     code = ("import sys\nimport captioner.config\ncaptioner.config.load_config('smoke')\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'captioner'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     loaded = ast.literal_eval(out)
-    assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config", "captioner.models",
+    assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config", "captioner.decoding",
+                                                            "captioner.decoding.options", "captioner.models",
                                                             "captioner.names", "captioner.version"], out
-    assert {m for m in loaded if m.startswith("captioner.models.decoders")} == families, out
+    assert {m for m in loaded if _family_config(m) and m != "captioner.training"} == families, out
 
 
 # --------------------------------------------------------------------------- layers
@@ -232,6 +239,9 @@ ABOVE_THE_MODELS = ("captioner.api", "captioner.demo", "captioner.store", "capti
                     "captioner.training", "captioner.serving", *COMMAND_MODULES)
 # wing -> what none of its modules may import (every module a wing may import sits on a lower floor)
 WINGS: dict[str, tuple[str, ...]] = {
+    # the speed code and the reference switch (issue 46): on the floor, so the paper's code anywhere may pick a
+    # fast path from it
+    "fast": ("captioner.decoding", "captioner.models", "captioner.data", "captioner.config", *ABOVE_THE_MODELS),
     "decoding": ("captioner.models", "captioner.data", "captioner.config", *ABOVE_THE_MODELS),
     "models": ("captioner.data", "captioner.config", *ABOVE_THE_MODELS),
     "data": ("captioner.models", "captioner.decoding", *ABOVE_THE_MODELS),
@@ -246,8 +256,8 @@ WINGS: dict[str, tuple[str, ...]] = {
 def test_every_module_lives_in_a_wing_or_is_one_of_the_few_at_the_top():
     """The floor stays short: a new module goes into a wing (or says here why it cannot)."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "demo", "fast_paths", "names",
-                   "runtime", "version", "visualize"]
+    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "demo", "names", "runtime", "version",
+                   "visualize"]
     assert set(WINGS) <= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
 
 

@@ -7,10 +7,9 @@ import torch
 import captioner.evaluation.metrics as metrics
 from captioner.evaluation.metrics import (
     CAPTION_METRICS,
-    attention_grounding,
     caption_scores,
     grounding_from_mask,
-    mean_grounding,
+    grounding_shares,
     region_fraction,
 )
 
@@ -120,40 +119,39 @@ def test_grounding_inside_outside_half():
     words = ["a", "circle"]
     for alpha, expected in ((inside, 1.0), (outside, 0.0), (half, 0.5)):
         alphas = torch.stack([alpha_on([15]), alpha])  # "a" names nothing: ignored
-        assert attention_grounding(words, alphas, GRID, [BOX], SIZE) == pytest.approx(expected)
+        assert grounding_shares(words, alphas, GRID, [BOX], SIZE) == pytest.approx([expected])
 
 
 def test_grounding_uses_cell_area_fractions_and_box_unions():
     # a box covering the left half of cell 0 only: full attention on cell 0 -> 0.5
     box = {"name": "square", "box": [0, 0, 8, 16]}
-    assert attention_grounding(["square"], alpha_on([0])[None], GRID, [box], SIZE) == pytest.approx(0.5)
+    assert grounding_shares(["square"], alpha_on([0])[None], GRID, [box], SIZE) == pytest.approx([0.5])
     # two overlapping boxes with the same name: union, counted once
     boxes = [{"name": "square", "box": [0, 0, 16, 16]}, {"name": "square", "box": [8, 0, 32, 16]}]
-    assert attention_grounding(["square"], alpha_on([0, 1])[None], GRID, boxes, SIZE) == pytest.approx(1.0)
+    assert grounding_shares(["square"], alpha_on([0, 1])[None], GRID, boxes, SIZE) == pytest.approx([1.0])
     # grid that does not divide the image: 3 cells over 10 pixels, box = first 5 pixels
     frac = region_fraction((1, 3), np.pad(np.ones((1, 5)), ((0, 0), (0, 5))))
     assert frac == pytest.approx([1.0, (5 - 10 / 3) / (10 / 3), 0.0])
 
 
-def test_grounding_none_when_no_word_refers_and_mean_over_words():
+def test_grounding_counts_every_referring_word_and_only_those():
     alphas = torch.stack([alpha_on([0]), alpha_on([15])])
-    assert attention_grounding(["a", "dog"], alphas, GRID, [BOX], SIZE) is None
-    two = attention_grounding(["circle", "circle"], alphas, GRID, [BOX], SIZE)
-    assert two == pytest.approx(0.5)
+    assert grounding_shares(["a", "dog"], alphas, GRID, [BOX], SIZE) == []
+    assert grounding_shares(["circle", "circle"], alphas, GRID, [BOX], SIZE) == pytest.approx([1.0, 0.0])
+    # a word naming an object kind of the data set that this image does not show scores 0
+    assert grounding_shares(["a", "square"], alphas, GRID, [BOX], SIZE, names={"square"}) == [0.0]
 
 
 def test_grounding_shape_errors_name_the_sizes():
     with pytest.raises(ValueError, match=r"n_words=2.*H\*W=16"):
-        attention_grounding(["a", "circle"], torch.zeros(2, 15), GRID, [BOX], SIZE)
+        grounding_shares(["a", "circle"], torch.zeros(2, 15), GRID, [BOX], SIZE)
 
 
-def test_grounding_from_mask_and_mean():
+def test_grounding_from_mask():
     mask = np.zeros((64, 64), dtype=bool)
     mask[:32, :32] = True
     assert grounding_from_mask(alpha_on([0, 5]), GRID, mask) == pytest.approx(1.0)
     assert grounding_from_mask(alpha_on([0, 15]), GRID, mask) == pytest.approx(0.5)
-    assert mean_grounding([1.0, None, 0.0, None]) == pytest.approx(0.5)
-    assert mean_grounding([None, None]) is None
 
 
 # ------------------------------------------------------------------ tokenizers

@@ -1,4 +1,4 @@
-"""The one reference switch (captioner/fast_paths.py): a few training steps and a decode, once with the fast paths
+"""The one reference switch (captioner/fast): a few training steps and a decode, once with the fast paths
 and once with every one of them off, give the same losses, gradients, weights and captions; the switch really
 reaches the fast code (spied on), and the environment and the training config turn it on."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import captioner.training.losses as losses_mod
-from captioner import fast_paths
+import captioner.fast.token_nll as token_nll_mod
+from captioner import fast as fast_paths
 from captioner.api import build_model
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
@@ -59,8 +59,8 @@ def _train_and_decode(model, grid, captions, lengths, hard: bool) -> dict:
         optimizer.step()
     model.eval()
     mode = "argmax" if hard else None
-    beams = model.generate(grid, beam=3, n_best=2, attention_mode=mode)
-    greedy = model.generate(grid, beam=1, attention_mode=mode)
+    beams = model.generate(grid, model.decode_options.replace_given(beam=3, n_best=2, attention_mode=mode))
+    greedy = model.generate(grid, model.decode_options.replace_given(beam=1, attention_mode=mode))
     return {"losses": torch.stack(losses), "grads": grads, "weights": dict(model.named_parameters()),
             "captions": [[h.tokens for h in hyps] for hyps in beams + greedy],
             "scores": [h.score for hyps in beams + greedy for h in hyps]}
@@ -70,13 +70,14 @@ def _train_and_decode(model, grid, captions, lengths, hard: bool) -> dict:
 def test_training_and_decoding_agree_with_every_fast_path_off(kind, attention, monkeypatch):
     sizes = ["model.decoder.hidden_dim=48", "model.decoder.dropout=0.0"]
     if kind == "lstm":
-        cfg = load_config(SMOKE, [*sizes, "model.attention.attention_dim=24", f"model.attention.attention={attention}"])
+        cfg = load_config(SMOKE, [*sizes, "model.attention.attention_dim=24", f"model.attention.attention={attention}",
+                                  *(["train.objective.kind=reinforce"] if attention == "hard" else [])])
     else:
         cfg = load_config(SMOKE_TRANSFORMER, sizes)
     vocab = Vocab.build(SENTENCES)
     fused_losses, fast_steps = [], []  # the fused output layer + loss, and the LSTM's fast step, when they run
-    real_loss = losses_mod._LinearTokenNLL.apply
-    monkeypatch.setattr(losses_mod._LinearTokenNLL, "apply", lambda *a: fused_losses.append(1) or real_loss(*a))
+    real_loss = token_nll_mod._LinearTokenNLL.apply
+    monkeypatch.setattr(token_nll_mod._LinearTokenNLL, "apply", lambda *a: fused_losses.append(1) or real_loss(*a))
     real_step = FastShowAttendTellDecoder._recur_fast
     monkeypatch.setattr(FastShowAttendTellDecoder, "_recur_fast", lambda *a, **k: fast_steps.append(1) or
                         real_step(*a, **k))
@@ -130,14 +131,13 @@ def test_the_environment_turns_the_switch(monkeypatch):
     assert fast_paths.enabled()
 
 
-def test_train_fast_paths_false_trains_on_the_reference_code(tmp_path, monkeypatch):
+def test_train_fast_paths_false_trains_on_the_reference_code(tmp_path, monkeypatch, wrap_objective_loss):
     import captioner.training.loop as train_mod
     import captioner.training.validation as validation_mod
 
     seen = []
-    real = train_mod.compute_loss
-    monkeypatch.setattr(train_mod, "compute_loss", lambda *a, **k: seen.append(fast_paths.enabled()) or real(*a, **k))
-    monkeypatch.setattr(validation_mod, "score_captions",
+    wrap_objective_loss(lambda loss, forward, batch: seen.append(fast_paths.enabled()) or loss(forward, batch))
+    monkeypatch.setattr(validation_mod, "caption_scores",
                         lambda predictions, references, meteor=False: {"CIDEr-D": 1.0})
     cfg = load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={tmp_path / 'run'}",
                               "train.epochs=1", "train.num_threads=1", "train.fast_paths=false",

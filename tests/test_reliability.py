@@ -32,6 +32,7 @@ from captioner import config as config_module
 from captioner.config import Config, ConfigError, config_to_dict, get_path, load_config, parse_override, save_config
 from captioner.data.images import ImageLoadError, load_image
 from captioner.data.vocab import SPECIALS, Vocab, tokenize
+from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search, normalise_score
 
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -253,15 +254,15 @@ def _check_hypotheses(model: PrefixModel, image: int, hyps, max_length: int, len
 def test_beam_search_properties(case):
     model = PrefixModel(case["V"], case["L"], case["seed"], case["end_bias"], case["max_length"])
     B, K, lp = case["B"], case["K"], case["length_penalty"]
-    results = beam_search(model, model.init_state(B), B, START, END, beam_size=K,
-                          max_length=case["max_length"], length_penalty=lp, n_best=case["n_best"])
+    n_best = min(case["n_best"], K)  # the options refuse more hypotheses than beams
+    options = DecodeOptions(beam=K, n_best=n_best, max_length=case["max_length"], length_penalty=lp)
+    results = beam_search(model, model.init_state(B), options, batch_size=B, start_id=START, end_id=END)
     assert len(results) == B
     for b, hyps in enumerate(results):
-        assert 1 <= len(hyps) <= case["n_best"]
+        assert 1 <= len(hyps) <= n_best
         _check_hypotheses(model, b, hyps, case["max_length"], lp, case["L"])
     if K == 1:
-        greedy = greedy_search(model, model.init_state(B), B, START, END, max_length=case["max_length"],
-                               length_penalty=lp)
+        greedy = greedy_search(model, model.init_state(B), options, batch_size=B, start_id=START, end_id=END)
         for b in range(B):
             assert results[b][0].tokens == greedy[b][0].tokens and results[b][0].finished == greedy[b][0].finished
 
@@ -271,7 +272,8 @@ def test_beam_search_properties(case):
 def test_greedy_search_properties(case):
     model = PrefixModel(case["V"], case["L"], case["seed"], case["end_bias"], case["max_length"])
     B, lp = case["B"], case["length_penalty"]
-    greedy = greedy_search(model, model.init_state(B), B, START, END, max_length=case["max_length"], length_penalty=lp)
+    options = DecodeOptions(beam=1, max_length=case["max_length"], length_penalty=lp)
+    greedy = greedy_search(model, model.init_state(B), options, batch_size=B, start_id=START, end_id=END)
     for results in (greedy,):
         assert len(results) == B and all(len(hyps) == 1 for hyps in results)
         for b, hyps in enumerate(results):
@@ -301,8 +303,9 @@ def test_wide_enough_beam_finds_the_exact_optimum(V, max_length, seed, end_bias,
             visit(prefix + [w])
 
     visit([])
-    top = beam_search(model, model.init_state(1), 1, START, END, beam_size=V**max_length,
-                      max_length=max_length, length_penalty=length_penalty)[0][0]
+    top = beam_search(model, model.init_state(1),
+                      DecodeOptions(beam=V**max_length, max_length=max_length, length_penalty=length_penalty),
+                      batch_size=1, start_id=START, end_id=END)[0][0]
     assert top.norm_score == pytest.approx(best, rel=1e-5, abs=1e-5)
 
 

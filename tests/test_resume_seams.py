@@ -68,7 +68,7 @@ def _falling_scores(monkeypatch):
         calls.append(1)
         return {"BLEU-4": 50.0 - len(calls), "CIDEr-D": 50.0 - len(calls)}
 
-    monkeypatch.setattr(validation_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "caption_scores", score)
 
 
 def test_resume_from_an_earlier_best_pt_is_refused_and_the_advice_works(data_root, tmp_path, monkeypatch, capsys):

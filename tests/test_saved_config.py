@@ -24,8 +24,26 @@ UNION_DECODER = {"embed_dim": 512, "hidden_dim": 512, "gate": "scalar", "dropout
                  "layers": 2, "overlay_layer": -1}
 
 
+# the train section's objective keys as every run saved them before objectives were sections: a name, and a
+# section for hard attention's estimators and one for SCST, each at its defaults (the unread ones too)
+OLD_HARD = {"estimator": "paper", "reinforce_weight": 1.0, "entropy_weight": 0.01, "baseline_decay": 0.9,
+            "expectation_prob": 0.5, "samples": 4, "reward_discount": 1.0, "temperature": 1.0, "temperature_min": 0.5}
+OLD_SCST = {"samples": 5, "baseline": "mean", "reward_end": True, "max_length": 0, "forbid_unk": True,
+            "greedy_images": 500, "attention_mode": "sample", "entropy_weight": -1.0, "xe_weight": 0.0}
+
+
+def _old_objective(saved: dict, objective: str = "xe", alpha_c: float = 1.0, alpha_entropy: float = 0.0,
+                   hard: dict | None = None, scst: dict | None = None) -> dict:
+    """``saved`` with its train section's objective as versions before objective sections saved it."""
+    train = saved["train"]
+    del train["objective"]
+    train.update(objective=objective, alpha_c=alpha_c, alpha_entropy=alpha_entropy, hard={**OLD_HARD, **(hard or {})},
+                 scst={**OLD_SCST, **(scst or {})})
+    return saved
+
+
 def _old(kind: str = "lstm", attention: str = "hard", **decoder) -> dict:
-    saved = config_to_dict(load_config("smoke"))
+    saved = _old_objective(config_to_dict(load_config("smoke")))
     saved["model"]["attention"] = {"scorer": "additive", "kind": attention, "heads": 1, "attention_dim": 512}
     saved["model"]["decoder"] = {"kind": kind, **UNION_DECODER, **decoder}
     return saved
@@ -92,8 +110,8 @@ def test_snapshots_saved_by_two_versions_of_one_run_average(tmp_path):
 def _before_issue_35(attention: str, mode: str) -> dict:
     """A config as versions before soft models could read one cell saved it: no train.scst.attention_mode (nor
     the entropy_weight and xe_weight that came with it)."""
-    saved = config_to_dict(load_config("smoke", [f"model.attention.attention={attention}",
-                                                 f"eval.attention_mode={mode}"]))
+    saved = _old_objective(config_to_dict(load_config("smoke", [f"eval.attention_mode={mode}"])))
+    saved["model"]["attention"]["attention"] = attention
     for key in ("attention_mode", "entropy_weight", "xe_weight"):
         del saved["train"]["scst"][key]
     return saved
@@ -135,5 +153,42 @@ def test_an_old_soft_checkpoint_captions_as_it_did(tmp_path):
     loaded = load_captioner(tmp_path / "old.pt", device="cpu")
     assert loaded.decode_options.attention_mode == "expectation"
     grid = loaded.prepare_grid(torch.randn(1, 4, loaded.encoder.backbone_dim))
-    assert loaded.generate(grid, beam=1)[0][0].locations is None
-    assert loaded.generate(grid, beam=1, attention_mode="argmax")[0][0].locations is not None
+    greedy = loaded.decode_options.replace_given(beam=1)
+    assert loaded.generate(grid, greedy)[0][0].locations is None
+    assert loaded.generate(grid, greedy.replace_given(attention_mode="argmax"))[0][0].locations is not None
+
+
+# --------------------------------------------------------------------------- the objective, a section
+
+
+@pytest.mark.parametrize("attention, old, section", [
+    ("soft", {"alpha_c": 0.05, "alpha_entropy": 0.1}, {"kind": "xe", "alpha_c": 0.05, "alpha_entropy": 0.1}),
+    ("hard", {"alpha_c": 0.0, "hard": {"reinforce_weight": 0.03, "entropy_weight": 0.001}},
+     {"kind": "reinforce", "alpha_c": 0.0, "alpha_entropy": 0.0, "expectation_prob": 0.5, "reinforce_weight": 0.03,
+      "entropy_weight": 0.001, "baseline_decay": 0.9}),
+    ("hard", {"alpha_c": 0.2, "hard": {"estimator": "loo", "samples": 2}},
+     {"kind": "loo", "alpha_c": 0.2, "alpha_entropy": 0.0, "expectation_prob": 0.5, "reinforce_weight": 1.0,
+      "entropy_weight": 0.01, "samples": 2, "reward_discount": 1.0}),
+    ("hard", {"hard": {"estimator": "gumbel", "temperature_min": 0.3, "expectation_prob": 0.25}},
+     {"kind": "gumbel", "alpha_c": 1.0, "alpha_entropy": 0.0, "expectation_prob": 0.25, "temperature": 1.0,
+      "temperature_min": 0.3}),
+    ("hard", {"objective": "scst", "scst": {"entropy_weight": 0.01, "xe_weight": 0.1}},
+     {"kind": "scst", **OLD_SCST, "entropy_weight": 0.01, "xe_weight": 0.1}),
+    ("soft", {"objective": "scst", "scst": {"samples": 3}}, {"kind": "scst", **OLD_SCST, "samples": 3}),
+])
+def test_an_old_objective_reads_as_the_section_of_the_objective_it_trained_with(attention, old, section):
+    """What a run trained with: SCST, else hard attention's estimator (the old "paper" is today's reinforce),
+    else cross-entropy; the section keeps the old keys that objective reads and drops the unread ones."""
+    saved = _old_objective(config_to_dict(load_config("smoke")), **old)
+    saved["model"]["attention"]["attention"] = attention
+    before = json.dumps(saved, sort_keys=True)
+    assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == section
+    assert json.dumps(saved, sort_keys=True) == before  # the caller's dict is left as it was
+
+
+def test_an_old_runs_config_yaml_with_its_objective_resumes(tmp_path):
+    saved = _old_objective(config_to_dict(load_config("smoke")), hard={"estimator": "loo"})
+    saved["model"]["attention"]["attention"] = "hard"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = load_run_config(tmp_path / "config.yaml", ["train.objective.samples=3"])
+    assert (cfg.train.objective.kind, cfg.train.objective.samples) == ("loo", 3)

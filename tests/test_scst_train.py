@@ -1,4 +1,4 @@
-"""Self-critical training in the loop (train.objective: scst, --init): a short SCST fine-tune of a
+"""Self-critical training in the loop (train.objective.kind: scst, --init): a short SCST fine-tune of a
 shapes model (pretrained encoder) raises its validation CIDEr-D and its training reward."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def xe_run(tmp_path_factory) -> Path:
 def test_scst_fine_tune_raises_val_cider(xe_run):
     root = xe_run.parent
     before = max(e["CIDEr-D"] for e in _log(xe_run))  # what train.init loads: the XE run's best.pt
-    run = train(_cfg(root, "scst", "train.epochs=3", "train.objective=scst", f"train.init={xe_run}",
-                     "train.lr=2e-4", "train.lr_schedule=none", "train.scst.greedy_images=100"))
+    run = train(_cfg(root, "scst", "train.epochs=3", f"train.init={xe_run}", "train.lr=2e-4",
+                     "train.lr_schedule=none", "train.objective={kind: scst, greedy_images: 100}"))
     log = _log(run)
     assert [e["epoch"] for e in log] == [1, 2, 3]
     for key in ("train_reward", "train_baseline", "train_greedy_reward", "train_sample_length"):
@@ -59,15 +59,19 @@ def test_init_refuses_a_different_model(xe_run, capsys):
     argv = ["--config", str(SHAPES), "--init", str(xe_run), "--set", f"data.root={root / 'data'}",
             "--set", f"train.run_dir={root / 'bad'}", "--set", "model.decoder.hidden_dim=64",
             "--set", "data.shapes.n_train=400", "--set", "data.shapes.n_val=150", "--set", "data.shapes.n_test=10",
-            "--set", "train.objective=scst", *(arg for o in SIZE for arg in ("--set", o))]
+            "--set", "train.objective={kind: scst}", *(arg for o in SIZE for arg in ("--set", o))]
     assert main(argv) == 1
     assert "train.init" in capsys.readouterr().err
 
 
 def test_scst_config_is_checked():
-    with pytest.raises(ConfigError, match="train.objective"):
-        load_config(SHAPES, ["train.objective=rl"])
-    with pytest.raises(ConfigError, match="train.scst.samples"):
-        load_config(SHAPES, ["train.objective=scst", "train.scst.samples=1"])
-    with pytest.raises(ConfigError, match="train.scst.baseline"):
-        load_config(SHAPES, ["train.scst.baseline=median"])
+    with pytest.raises(ConfigError, match="train.objective.kind: 'rl' is not one of"):
+        load_config(SHAPES, ["train.objective.kind=rl"])
+    with pytest.raises(ConfigError, match="train.objective.samples"):
+        load_config(SHAPES, ["train.objective={kind: scst, samples: 1}"])
+    with pytest.raises(ConfigError, match="train.objective.baseline"):
+        load_config(SHAPES, ["train.objective={kind: scst, baseline: median}"])
+    # the file's cross-entropy section under another kind: its keys are unknown there, and the message says how
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.objective.alpha_c' .*for kind scst.*set it "
+                                          r"whole: --set 'train.objective=\{kind: scst, ...\}'"):
+        load_config(SHAPES, ["train.objective.kind=scst"])

@@ -1,14 +1,21 @@
 """Search tests with mock step functions (token ids only, no model)."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from captioner.decoding.logits import _row_topk
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
 from captioner.decoding.search import Hypothesis, Logits, _RowBans, beam_search, greedy_search, map_state
 
 PAD, START, END = 0, 1, 2
+
+
+def batch(B):
+    """A search's own arguments for B images of these step functions' vocabulary (the rest are DecodeOptions)."""
+    return dict(batch_size=B, start_id=START, end_id=END)
 
 
 class RandomStep:
@@ -90,8 +97,8 @@ def same(h1: Hypothesis, h2: Hypothesis, exact=True):
 @pytest.mark.parametrize("seed", range(4))
 def test_beam_width_one_equals_greedy(seed):
     m = RandomStep(seed=seed)
-    g = greedy_search(m, m.init_state(5), 5, START, END, max_length=10)
-    b = beam_search(m, m.init_state(5), 5, START, END, beam_size=1, max_length=10)
+    g = greedy_search(m, m.init_state(5), DecodeOptions(beam=1, max_length=10), **batch(5))
+    b = beam_search(m, m.init_state(5), DecodeOptions(beam=1, max_length=10), **batch(5))
     for hg, hb in zip(g, b):
         same(hg[0], hb[0])
         assert hg[0].norm_score == hb[0].norm_score
@@ -106,8 +113,8 @@ def test_beam_finds_what_greedy_misses():
         calls.append(1)
         return lattice_step(tokens, state)
 
-    g = greedy_search(lattice_step, state, 1, START, END, max_length=5)[0][0]
-    b = beam_search(counted, state, 1, START, END, beam_size=2, max_length=5)[0][0]
+    g = greedy_search(lattice_step, state, DecodeOptions(beam=1, max_length=5), **batch(1))[0][0]
+    b = beam_search(counted, state, DecodeOptions(beam=2, max_length=5), **batch(1))[0][0]
     assert len(calls) == 2  # both beams finished at step 2: the search stopped early
     assert g.tokens == [3] and b.tokens == [4] and b.finished
     assert b.score == pytest.approx(math.log(0.45 * 0.95), abs=1e-4)
@@ -118,12 +125,12 @@ def test_beam_finds_what_greedy_misses():
 def test_batched_beam_equals_single_image_beams(K, n_best, lp):
     m = RandomStep(seed=1)
     B = 5
-    batched = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=9, length_penalty=lp,
-                          n_best=n_best)
+    batched = beam_search(m, m.init_state(B), DecodeOptions(beam=K, n_best=n_best, max_length=9, length_penalty=lp),
+                          **batch(B))
     for b in range(B):
         single_state = map_state(m.init_state(B), lambda x, b=b: x[b : b + 1])
-        single = beam_search(m, single_state, 1, START, END, beam_size=K, max_length=9, length_penalty=lp,
-                             n_best=n_best)[0]
+        single = beam_search(m, single_state, DecodeOptions(beam=K, n_best=n_best, max_length=9, length_penalty=lp),
+                             **batch(1))[0]
         assert len(single) == len(batched[b]) == n_best
         for h1, h2 in zip(batched[b], single):
             same(h1, h2, exact=False)
@@ -134,9 +141,9 @@ def test_scores_match_replay_and_state_history(search):
     m = RandomStep(seed=2, end_bias=1.5)
     B = 4
     if search == "greedy":
-        out = greedy_search(m, m.init_state(B), B, START, END, max_length=8)
+        out = greedy_search(m, m.init_state(B), DecodeOptions(beam=1, max_length=8), **batch(B))
     else:
-        out = beam_search(m, m.init_state(B), B, START, END, beam_size=4, max_length=8, n_best=4)
+        out = beam_search(m, m.init_state(B), DecodeOptions(beam=4, n_best=4, max_length=8), **batch(B))
     n_finished = 0
     for b, hyps in enumerate(out):
         for h in hyps:
@@ -155,7 +162,7 @@ def test_scores_match_replay_and_state_history(search):
 def test_max_length_respected_and_n_best_sorted():
     m = RandomStep(seed=3, end_bias=-1.0)
     for max_length in (1, 3, 6):
-        out = beam_search(m, m.init_state(6), 6, START, END, beam_size=3, max_length=max_length, n_best=3)
+        out = beam_search(m, m.init_state(6), DecodeOptions(beam=3, n_best=3, max_length=max_length), **batch(6))
         for hyps in out:
             assert len(hyps) == 3
             norms = [h.norm_score for h in hyps]
@@ -167,34 +174,33 @@ def test_max_length_respected_and_n_best_sorted():
 
 def test_never_ending_beams_return_best_unfinished():
     state = (torch.zeros(3, 2),)
-    out = beam_search(never_end_step, state, 3, START, END, beam_size=3, max_length=5, n_best=3)
+    out = beam_search(never_end_step, state, DecodeOptions(beam=3, n_best=3, max_length=5), **batch(3))
     for hyps in out:
         assert len(hyps) == 3
         assert all(not h.finished and len(h.tokens) == 5 for h in hyps)
         assert hyps[0].score >= hyps[1].score >= hyps[2].score
         assert hyps[0].tokens != hyps[1].tokens
-    g = greedy_search(never_end_step, state, 3, START, END, max_length=5)
+    g = greedy_search(never_end_step, state, DecodeOptions(beam=1, max_length=5), **batch(3))
     assert all(not h[0].finished and len(h[0].tokens) == 5 for h in g)
 
 
-def test_n_best_larger_than_beam_is_filled_when_possible():
-    m = RandomStep(seed=4, end_bias=1.5)
-    out = beam_search(m, m.init_state(3), 3, START, END, beam_size=2, max_length=8, n_best=4)
-    for hyps in out:
-        assert 1 <= len(hyps) <= 4
-        assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+def test_n_best_above_the_beam_never_reaches_a_search():
+    with pytest.raises(DecodeOptionError, match="n_best"):  # the options refuse it, once, for every search
+        DecodeOptions(beam=2, n_best=4)
+    with pytest.raises(ValueError, match="beam of one"):  # greedy is one hypothesis of one beam
+        greedy_search(never_end_step, (torch.zeros(3, 2),), DecodeOptions(beam=2, max_length=5), **batch(3))
 
 
 def test_min_length_masks_end_and_fixes_work():
     m = RandomStep(seed=5, end_bias=3.0)  # would end almost at once
-    out = beam_search(m, m.init_state(4), 4, START, END, beam_size=3, max_length=7, min_length=3, n_best=3)
+    out = beam_search(m, m.init_state(4), DecodeOptions(beam=3, n_best=3, max_length=7), min_length=3, **batch(4))
     assert all(len(h.tokens) >= 3 for hyps in out for h in hyps)
     for search in ("greedy", "beam"):
         m.calls = 0
         if search == "greedy":
-            out = greedy_search(m, m.init_state(4), 4, START, END, max_length=6, min_length=6)
+            out = greedy_search(m, m.init_state(4), DecodeOptions(beam=1, max_length=6), min_length=6, **batch(4))
         else:
-            out = beam_search(m, m.init_state(4), 4, START, END, beam_size=3, max_length=6, min_length=6)
+            out = beam_search(m, m.init_state(4), DecodeOptions(beam=3, max_length=6), min_length=6, **batch(4))
         assert m.calls == 6
         assert all(len(h.tokens) == 6 and not h.finished for hyps in out for h in hyps)
 
@@ -202,9 +208,9 @@ def test_min_length_masks_end_and_fixes_work():
 def test_bad_arguments_raise():
     m = RandomStep()
     with pytest.raises(ValueError, match="batch_size"):
-        beam_search(m, m.init_state(3), 4, START, END)
+        beam_search(m, m.init_state(3), DecodeOptions(), **batch(4))
     with pytest.raises(ValueError, match="min_length"):
-        greedy_search(m, m.init_state(2), 2, START, END, max_length=3, min_length=4)
+        greedy_search(m, m.init_state(2), DecodeOptions(beam=1, max_length=3), min_length=4, **batch(2))
 
 
 def reference_beam(m, image, K, max_length, lp, n_best):
@@ -235,8 +241,8 @@ def reference_beam(m, image, K, max_length, lp, n_best):
 def test_batched_early_stopping_beam_matches_plain_reference(seed, K, lp, n_best):
     m = RandomStep(seed=seed, end_bias=1.0)
     B, max_length = 4, 7
-    out = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=max_length, length_penalty=lp,
-                      n_best=n_best)
+    out = beam_search(m, m.init_state(B),
+                      DecodeOptions(beam=K, n_best=n_best, max_length=max_length, length_penalty=lp), **batch(B))
     for b in range(B):
         ref = reference_beam(m, b, K, max_length, lp, n_best)
         assert [h.tokens for h in out[b]] == [r[2] for r in ref]
@@ -258,8 +264,8 @@ def chain_step(tokens, state):
 def test_early_stop_waits_for_a_longer_caption_that_wins_after_normalisation():
     state = (torch.zeros(1, 1),)
     # raw log-prob prefers the early [A]; per-token (length_penalty=1) prefers [B, C, D, E]
-    raw = beam_search(chain_step, state, 1, START, END, beam_size=2, max_length=7, length_penalty=0.0)[0][0]
-    per_token = beam_search(chain_step, state, 1, START, END, beam_size=2, max_length=7, length_penalty=1.0)[0][0]
+    raw, per_token = (beam_search(chain_step, state, DecodeOptions(beam=2, max_length=7, length_penalty=lp),
+                                  **batch(1))[0][0] for lp in (0.0, 1.0))
     assert raw.tokens == [3] and raw.finished
     assert per_token.tokens == [4, 5, 6, 7] and per_token.finished
     assert per_token.norm_score == pytest.approx(math.log(0.4) / 5, abs=1e-4)
@@ -268,9 +274,9 @@ def test_early_stop_waits_for_a_longer_caption_that_wins_after_normalisation():
 def test_forbidden_ids_are_never_chosen():
     m = RandomStep(seed=8, end_bias=0.5)
     banned = (PAD, START, 3, 4)
-    g = greedy_search(m, m.init_state(6), 6, START, END, max_length=8, forbid_ids=banned)
-    b = beam_search(m, m.init_state(6), 6, START, END, beam_size=1, max_length=8, forbid_ids=banned)
-    k = beam_search(m, m.init_state(6), 6, START, END, beam_size=4, max_length=8, n_best=4, forbid_ids=banned)
+    g = greedy_search(m, m.init_state(6), DecodeOptions(beam=1, max_length=8), forbid_ids=banned, **batch(6))
+    b = beam_search(m, m.init_state(6), DecodeOptions(beam=1, max_length=8), forbid_ids=banned, **batch(6))
+    k = beam_search(m, m.init_state(6), DecodeOptions(beam=4, n_best=4, max_length=8), forbid_ids=banned, **batch(6))
     for out in (g, b, k):
         assert not any(set(h.tokens) & set(banned) for hyps in out for h in hyps)
     for hg, hb in zip(g, b):
@@ -289,9 +295,9 @@ def test_per_word_locations_follow_their_beams():
         location = tokens % L  # the cell "read"
         return table[tokens], (alpha, location), state + 1
 
-    for search in (lambda **kw: beam_search(step, torch.zeros(2), beam_size=3, n_best=3, **kw),
-                   lambda **kw: greedy_search(step, torch.zeros(2), **kw)):
-        for hyps in search(batch_size=2, start_id=1, end_id=2, max_length=6, forbid_ids=(0,)):
+    for search, options in ((beam_search, DecodeOptions(beam=3, n_best=3, max_length=6)),
+                            (greedy_search, DecodeOptions(beam=1, max_length=6))):
+        for hyps in search(step, torch.zeros(2), options, batch_size=2, start_id=1, end_id=2, forbid_ids=(0,)):
             for h in hyps:
                 inputs = [1] + h.tokens[:-1]  # the word fed at each step
                 assert h.locations == [w % L for w in inputs]
@@ -319,9 +325,10 @@ class LogitsStep:
                                                             (2, 1, 1, 0, (PAD, START)), (3, 5, 3, 2, (4,))])
 def test_beam_search_from_logits_equals_dense_log_probs(seed, K, n_best, min_length, banned):
     m = RandomStep(seed=seed, end_bias=3.0)
-    common = dict(beam_size=K, max_length=8, n_best=n_best, min_length=min_length, forbid_ids=banned)
-    dense = beam_search(m, m.init_state(6), 6, START, END, **common)
-    fast = beam_search(LogitsStep(m), m.init_state(6), 6, START, END, **common)
+    options = DecodeOptions(beam=K, n_best=n_best, max_length=8)
+    common = dict(min_length=min_length, forbid_ids=banned, **batch(6))
+    dense = beam_search(m, m.init_state(6), options, **common)
+    fast = beam_search(LogitsStep(m), m.init_state(6), options, **common)
     assert any(h.finished for hyps in dense for h in hyps) and any(len(h.tokens) < 8 for hyps in dense for h in hyps)
     for a, b in zip(dense, fast):
         assert len(a) == len(b)
@@ -333,9 +340,11 @@ def test_beam_search_from_logits_equals_dense_log_probs(seed, K, n_best, min_len
 @pytest.mark.parametrize("banned", [(), (PAD, START, 3)])
 def test_greedy_from_logits_equals_dense_and_equals_beam_one(banned):
     m = RandomStep(seed=5, end_bias=0.5)
-    dense = greedy_search(m, m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned)
-    fast = greedy_search(LogitsStep(m), m.init_state(6), 6, START, END, max_length=9, forbid_ids=banned)
-    beam = beam_search(LogitsStep(m), m.init_state(6), 6, START, END, beam_size=1, max_length=9, forbid_ids=banned)
+    dense = greedy_search(m, m.init_state(6), DecodeOptions(beam=1, max_length=9), forbid_ids=banned, **batch(6))
+    fast = greedy_search(LogitsStep(m), m.init_state(6), DecodeOptions(beam=1, max_length=9), forbid_ids=banned,
+                         **batch(6))
+    beam = beam_search(LogitsStep(m), m.init_state(6), DecodeOptions(beam=1, max_length=9), forbid_ids=banned,
+                       **batch(6))
     for a, b, c in zip(dense, fast, beam):
         same(a[0], b[0], exact=False)
         same(b[0], c[0], exact=False)  # rows leave the beam search as images finish: other shifts, other rounding
@@ -368,8 +377,8 @@ def test_row_topk_equals_topk(V, k):
 
 def test_beam_search_from_logits_with_more_beams_than_words():
     m = RandomStep(V=4, seed=2, end_bias=1.0)
-    dense = beam_search(m, m.init_state(3), 3, START, END, beam_size=6, max_length=5, n_best=3)
-    fast = beam_search(LogitsStep(m), m.init_state(3), 3, START, END, beam_size=6, max_length=5, n_best=3)
+    dense = beam_search(m, m.init_state(3), DecodeOptions(beam=6, n_best=3, max_length=5), **batch(3))
+    fast = beam_search(LogitsStep(m), m.init_state(3), DecodeOptions(beam=6, n_best=3, max_length=5), **batch(3))
     for b, (a, f) in enumerate(zip(dense, fast)):
         assert [h.tokens for h in a] == [h.tokens for h in f]
         assert [h.score for h in a] == pytest.approx([h.score for h in f], abs=1e-5)
@@ -392,10 +401,10 @@ def test_first_step_runs_on_one_row_per_image_then_expand_sees_its_state():
         expanded.append(pos.tolist())  # the state after step 0: one word fed per image
         return map_state(state, lambda x: x.repeat_interleave(beams, dim=0))
 
-    beam_search(step, m.init_state(B), B, START, END, beam_size=K, max_length=5, min_length=5, expand=expand)
+    beam_search(step, m.init_state(B), DecodeOptions(beam=K, max_length=5), min_length=5, expand=expand, **batch(B))
     assert rows == [B] + [B * K] * 4
     assert expanded == [[1] * B]
-    out = beam_search(m, m.init_state(B), B, START, END, beam_size=K, max_length=6, expand=expand, n_best=2)
+    out = beam_search(m, m.init_state(B), DecodeOptions(beam=K, n_best=2, max_length=6), expand=expand, **batch(B))
     for b in range(B):  # the plain reference runs all K beams from step 0
         ref = reference_beam(m, b, K, 6, 1.0, 2)
         assert [h.tokens for h in out[b]] == [r[2] for r in ref]
@@ -469,9 +478,10 @@ def test_block_trigrams_stops_a_looping_caption_in_greedy_and_beam(logits, V):
     step, log_probs = cycle_step(V)
     step = as_logits(step) if logits else step
     state = torch.zeros(2, 1)
-    for search in (lambda **kw: greedy_search(step, state, 2, START, END, max_length=12, **kw),
-                   lambda **kw: beam_search(step, state, 2, START, END, beam_size=3, n_best=3, max_length=12, **kw)):
-        loose, blocked = search(), search(block_trigrams=True)
+    for search, options in ((greedy_search, DecodeOptions(beam=1, max_length=12)),
+                            (beam_search, DecodeOptions(beam=3, n_best=3, max_length=12))):
+        loose = search(step, state, options, **batch(2))
+        blocked = search(step, state, dataclasses.replace(options, block_trigrams=True), **batch(2))
         assert loose[0][0].tokens[:6] == [A, B_, C, A, B_, C]  # without the ban the best caption loops
         for hyps in blocked:
             for h in hyps:
@@ -484,15 +494,17 @@ def test_block_trigrams_stops_a_looping_caption_in_greedy_and_beam(logits, V):
 @pytest.mark.parametrize("seed", range(3))
 def test_block_trigrams_off_is_the_default_and_changes_only_looping_captions(seed):
     m = RandomStep(V=6, seed=seed, end_bias=-2.0)  # few words, long captions: some rows repeat a trigram
-    common = dict(max_length=10, forbid_ids=(PAD, START))
-    for search in (greedy_search, lambda *a, **kw: beam_search(*a, beam_size=3, n_best=2, **kw)):
-        plain = search(m, m.init_state(8), 8, START, END, **common)
-        off = search(m, m.init_state(8), 8, START, END, block_trigrams=False, **common)
+    common = dict(forbid_ids=(PAD, START), **batch(8))
+    for search, options in ((greedy_search, DecodeOptions(beam=1, max_length=10)),
+                            (beam_search, DecodeOptions(beam=3, n_best=2, max_length=10))):
+        assert options.block_trigrams is False
+        plain = search(m, m.init_state(8), options, **common)
+        off = search(m, m.init_state(8), dataclasses.replace(options, block_trigrams=False), **common)
         for a, b in zip(plain, off):
             for ha, hb in zip(a, b):
                 same(ha, hb)
-    plain = greedy_search(m, m.init_state(8), 8, START, END, **common)
-    blocked = greedy_search(m, m.init_state(8), 8, START, END, block_trigrams=True, **common)
+    plain = greedy_search(m, m.init_state(8), DecodeOptions(beam=1, max_length=10), **common)
+    blocked = greedy_search(m, m.init_state(8), DecodeOptions(beam=1, max_length=10, block_trigrams=True), **common)
     repeating = [len(set(trigrams(h[0].tokens))) < len(trigrams(h[0].tokens)) for h in plain]
     assert any(repeating)
     for rep, a, b in zip(repeating, plain, blocked):
@@ -512,10 +524,11 @@ def test_block_trigrams_never_bans_the_way_out(logits):
 
     step = as_logits(step) if logits else step
     state = torch.zeros(2, 1)
-    for search in (lambda **kw: greedy_search(step, state, 2, START, END, max_length=8, forbid_ids=(PAD, START), **kw),
-                   lambda **kw: beam_search(step, state, 2, START, END, beam_size=3, max_length=8,
-                                            forbid_ids=(PAD, START), **kw)):
-        assert search()[0][0].tokens == [A] * 8 and not search()[0][0].finished
-        for hyps in search(block_trigrams=True):
+    for search, options in ((greedy_search, DecodeOptions(beam=1, max_length=8)),
+                            (beam_search, DecodeOptions(beam=3, max_length=8))):
+        loose = search(step, state, options, forbid_ids=(PAD, START), **batch(2))
+        assert loose[0][0].tokens == [A] * 8 and not loose[0][0].finished
+        blocked = dataclasses.replace(options, block_trigrams=True)
+        for hyps in search(step, state, blocked, forbid_ids=(PAD, START), **batch(2)):
             h = hyps[0]
             assert h.tokens == [A] * 3 and h.finished and math.isfinite(h.score)

@@ -114,7 +114,8 @@ def test_one_overlay_per_word_and_they_differ(astronaut, astronaut_result):
 def _hard_model():
     torch.manual_seed(0)
     vocab = Vocab.build([["a", "red", "circle"], ["a", "blue", "square", "above"]])
-    model = build_model(load_config(SMOKE, ["model.attention.attention=hard"]), vocab).eval()
+    hard = ["model.attention.attention=hard", "train.objective.kind=reinforce"]
+    model = build_model(load_config(SMOKE, hard), vocab).eval()
     with torch.no_grad():  # an untrained model may end at once; make <end> unlikely so there are words
         model.decoder.out.bias[vocab.end_id] = -30.0
     return model

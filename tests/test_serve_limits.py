@@ -40,7 +40,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 
 @pytest.fixture(scope="module")
 def model():
-    from captioner import kernels
+    from captioner.fast import kernels
 
     kernels.available()  # a first build of the kernels writes files: not while uploads are watched
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config
-from captioner.training.distributed import TrainingError
+from captioner.training.errors import TrainingError
 from captioner.training.loop import train
 from captioner.training.tblog import open_tensorboard
 

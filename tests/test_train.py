@@ -20,7 +20,8 @@ from captioner.config import load_config
 from captioner.data.datasets import build_vocab
 from captioner.data.vocab import Vocab
 from captioner.store.checkpoint import load_checkpoint
-from captioner.training.loop import TrainingError, train
+from captioner.training.errors import TrainingError
+from captioner.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -53,7 +54,7 @@ def fake_scores(monkeypatch):
         value = 100.0 * sum(bool(p) for p in predictions.values()) / max(len(predictions), 1)
         return {"BLEU-4": value, "CIDEr-D": value}
 
-    monkeypatch.setattr(validation_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "caption_scores", score)
     return calls
 
 
@@ -85,7 +86,8 @@ def test_smoke_run_writes_run_dir_and_loss_falls(data_root, tmp_path, fake_score
 @pytest.mark.parametrize("kind", ["soft", "hard", "hard-loo"])
 def test_resume_continues_exactly(data_root, tmp_path, fake_scores, kind):
     sets = [f"model.attention.attention={kind.split('-')[0]}"] + (
-        ["train.hard.estimator=loo", "train.hard.samples=3", "train.alpha_c=0"] if kind == "hard-loo" else [])
+        ["train.objective.kind=loo", "train.objective.samples=3", "train.objective.alpha_c=0"] if kind == "hard-loo"
+        else ["train.objective.kind=reinforce"] if kind == "hard" else [])
     straight = train(_cfg(data_root, tmp_path / "straight", *sets, "train.epochs=2"))
     first = train(_cfg(data_root, tmp_path / "resumed", *sets, "train.epochs=1"))
     # A line an interrupted epoch 2 might have left behind must not survive the resume.
@@ -96,11 +98,11 @@ def test_resume_continues_exactly(data_root, tmp_path, fake_scores, kind):
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
-    assert a["step"] == b["step"] and a["baseline"] == b["baseline"]
-    if kind == "hard":
-        assert isinstance(b["baseline"], float)
+    assert a["step"] == b["step"] and a["objective"] == b["objective"]
+    if kind == "hard":  # the paper's moving-average baseline, restored by the resume
+        assert isinstance(b["objective"]["baseline"], float)
     if kind == "hard-loo":  # no moving average: each caption's other samples are its baseline
-        assert b["baseline"] is None and "train_advantage_abs" in _metrics(first)[0]
+        assert b["objective"] == {} and "train_advantage_abs" in _metrics(first)[0]
     log = _metrics(first)
     assert [e["epoch"] for e in log] == [1, 2] and "stale" not in log[1]
     assert log[1]["train_loss"] == _metrics(straight)[1]["train_loss"]
@@ -111,23 +113,22 @@ def test_resume_refuses_a_different_model(data_root, tmp_path, fake_scores):
     assert main(["--resume", str(run), "--set", "model.decoder.hidden_dim=48"]) == 1
 
 
-def _nan_after(monkeypatch, bad_steps):
-    """Make compute_loss return a NaN loss at the given 1-based step numbers."""
-    real = train_mod.compute_loss
+def _nan_after(wrap_objective_loss, bad_steps):
+    """Make the objective's loss NaN at the given 1-based step numbers."""
     counter = {"step": 0}
 
-    def patched(*args, **kwargs):
+    def patched(loss, forward, batch):
         counter["step"] += 1
-        res = real(*args, **kwargs)
+        res = loss(forward, batch)
         if counter["step"] in bad_steps:
             res.loss = res.loss * float("nan")
         return res
 
-    monkeypatch.setattr(train_mod, "compute_loss", patched)
+    wrap_objective_loss(patched)
 
 
-def test_nonfinite_steps_are_skipped_and_counted(data_root, tmp_path, fake_scores, monkeypatch):
-    _nan_after(monkeypatch, {2, 5})
+def test_nonfinite_steps_are_skipped_and_counted(data_root, tmp_path, fake_scores, wrap_objective_loss):
+    _nan_after(wrap_objective_loss, {2, 5})
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))
     log = _metrics(run)
     assert log[0]["skipped_steps"] == 2
@@ -135,10 +136,10 @@ def test_nonfinite_steps_are_skipped_and_counted(data_root, tmp_path, fake_score
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 
 
-def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_scores, monkeypatch):
+def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_scores, wrap_objective_loss):
     train(_cfg(data_root, tmp_path / "run", "train.epochs=1"))  # a good epoch 1 checkpoint
     before = load_checkpoint(tmp_path / "run" / "last.pt")["model"]
-    _nan_after(monkeypatch, set(range(1, 1000)))
+    _nan_after(wrap_objective_loss, set(range(1, 1000)))
     with pytest.raises(TrainingError, match="3 consecutive steps had a non-finite loss"):
         train(_cfg(data_root, tmp_path / "run", "train.epochs=2", "train.max_nonfinite_steps=3"),
               resume=str(tmp_path / "run"))
@@ -149,7 +150,7 @@ def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_s
 
 def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):
     values = iter([10.0, 30.0, 20.0, 25.0, 5.0, 99.0])
-    monkeypatch.setattr(validation_mod, "score_captions",
+    monkeypatch.setattr(validation_mod, "caption_scores",
                         lambda p, r, meteor=False: {"BLEU-4": 0.0, "CIDEr-D": next(values)})
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=6", "train.patience=2"))
     assert [e["epoch"] for e in _metrics(run)] == [1, 2, 3, 4]  # no gain in epochs 3 and 4: stop
@@ -163,11 +164,11 @@ def test_time_budget_stops_after_the_crossing_epoch(data_root, tmp_path, fake_sc
 
 
 def test_time_budget_stops_before_an_epoch_that_would_not_fit():
-    from captioner.training.loop import _out_of_time
+    from captioner.training.progress import out_of_time
 
-    assert not _out_of_time(3600, elapsed_s=3000, last_epoch_s=500)  # 3500 s: one more fits
-    assert _out_of_time(3600, elapsed_s=3200, last_epoch_s=500)  # would end at 3700 s
-    assert not _out_of_time(0, elapsed_s=1e9, last_epoch_s=1e9)  # 0 = no budget
+    assert not out_of_time(3600, elapsed_s=3000, last_epoch_s=500)  # 3500 s: one more fits
+    assert out_of_time(3600, elapsed_s=3200, last_epoch_s=500)  # would end at 3700 s
+    assert not out_of_time(0, elapsed_s=1e9, last_epoch_s=1e9)  # 0 = no budget
 
 
 def test_validation_decodes_for_real_and_training_improves_it(data_root, tmp_path, monkeypatch):
@@ -201,8 +202,9 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
         seen.append(dict(predictions))
         return {"BLEU-4": 0.0, "CIDEr-D": 0.0}
 
-    monkeypatch.setattr(validation_mod, "score_captions", score)
-    cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.attention={kind}")
+    monkeypatch.setattr(validation_mod, "caption_scores", score)
+    cfg = _cfg(data_root, tmp_path / "run", "train.epochs=1", f"model.attention.attention={kind}",
+               *(["train.objective.kind=reinforce"] if kind == "hard" else []))
     run = train(cfg)
     model = load_captioner(run)
     cache = FeatureCache.open(cache_dir_for(cfg.data, model.encoder.fingerprint()))
@@ -227,7 +229,8 @@ def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
            "--set", f"train.run_dir={run_dir}", "--set", "train.num_threads=1", "--set", "train.epochs=3",
-           "--set", "model.attention.attention=hard", "--set", NO_OVERLAYS, "--set", "train.device=cpu"]
+           "--set", "model.attention.attention=hard", "--set", "train.objective.kind=reinforce",
+           "--set", NO_OVERLAYS, "--set", "train.device=cpu"]
     env = dict(os.environ, **{train_mod.WEIGHTS_HASH_ENV: "1", "OMP_NUM_THREADS": "1"})
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -300,11 +303,11 @@ def test_meteor_selection_computes_meteor_and_a_missing_score_is_an_error(data_r
         asked.append(meteor)
         return {"BLEU-4": 1.0, "CIDEr-D": 1.0, "METEOR": 7.0 if meteor else None}
 
-    monkeypatch.setattr(validation_mod, "score_captions", score)
+    monkeypatch.setattr(validation_mod, "caption_scores", score)
     run = train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "train.val_metric=METEOR"))
     assert asked == [True] and _metrics(run)[0]["METEOR"] == 7.0
     assert load_checkpoint(run / "best.pt")["metrics"]["best"]["value"] == 7.0
 
-    monkeypatch.setattr(validation_mod, "score_captions", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
+    monkeypatch.setattr(validation_mod, "caption_scores", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
     with pytest.raises(TrainingError, match="no METEOR score"):
         train(_cfg(data_root, tmp_path / "run2", "train.epochs=1", "train.val_metric=METEOR"))

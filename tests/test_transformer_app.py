@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
 
 from captioner.cli import main as cli
@@ -21,9 +22,12 @@ def transformer_run(tmp_path_factory):
     common = ["--set", f"data.root={root / 'data'}", "--set", "train.num_threads=1", "--set", "train.tensorboard=off",
               "--set", "train.val_metric=BLEU-4"]
     assert cli(["train", "--config", str(SMOKE_TRANSFORMER), "--set", f"train.run_dir={root / 'xe'}", *common]) == 0
-    assert cli(["train", "--config", str(SMOKE_TRANSFORMER), "--set", f"train.run_dir={root / 'scst'}",
-                "--set", "train.objective=scst", "--set", f"train.init={root / 'xe'}", "--set", "train.epochs=1",
-                "--set", "train.alpha_c=1.0", "--set", "train.scst.samples=2", *common]) == 0
+    # the SCST stage's own config, as the shipped *_scst.yaml are: its objective section replaces cross-entropy's
+    scst_config = yaml.safe_load(SMOKE_TRANSFORMER.read_text())
+    scst_config["train"]["objective"] = {"kind": "scst", "samples": 2}
+    (root / "scst.yaml").write_text(yaml.safe_dump(scst_config))
+    assert cli(["train", "--config", str(root / "scst.yaml"), "--set", f"train.run_dir={root / 'scst'}",
+                "--set", f"train.init={root / 'xe'}", "--set", "train.epochs=1", *common]) == 0
     return root
 
 

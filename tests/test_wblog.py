@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config
-from captioner.training.distributed import TrainingError
+from captioner.training.errors import TrainingError
 from captioner.training.loop import train
 from captioner.training.wblog import RUN_ID_FILE, open_wandb
 

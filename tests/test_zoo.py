@@ -16,7 +16,7 @@ from captioner.api import export_model, load_captioner, load_shipped
 from captioner.cli import main as cli_main
 from captioner.demo import sample_photo
 from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, card_scores, split_card
-from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, available_models
+from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, scan_models
 
 PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}
@@ -36,8 +36,8 @@ def photo_captions(shipped):
 
 
 def test_default_model_is_shipped_and_listed():
-    models = available_models()
-    assert DEFAULT_MODEL in models
+    models, damaged = scan_models()
+    assert DEFAULT_MODEL in models and damaged == {}
     assert load_captioner.__defaults__[0] is None  # load_captioner() needs no argument ...
     assert captioner.load_captioner.__defaults__[0] is None  # ... in the public API too
 
@@ -60,15 +60,16 @@ def test_unk_is_forbidden_by_default_and_allowed_on_request(shipped):
         saved = bias[shipped.vocab.unk_id].item()
         bias[shipped.vocab.unk_id] += 50.0
         try:
-            allowed = shipped.generate(grid, beam=3)[0][0].tokens
-            forbidden = shipped.generate(grid, beam=3, forbid_unk=True)[0][0].tokens
+            options = shipped.decode_options.replace_given(beam=3)
+            allowed = shipped.generate(grid, options)[0][0].tokens
+            forbidden = shipped.generate(grid, options.for_people())[0][0].tokens
         finally:
             bias[shipped.vocab.unk_id] = saved
     assert shipped.vocab.unk_id in allowed
     assert shipped.vocab.unk_id not in forbidden and forbidden
 
 
-SHIPPED = sorted(available_models())
+SHIPPED = sorted(scan_models()[0])
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -95,7 +96,7 @@ def _card_fields(text: str) -> dict[str, str]:
 def test_fingerprint_matches_model_card(name, shipped):
     if name != DEFAULT_MODEL:
         shipped = load_captioner(name)
-    meta = available_models()[name]
+    meta = scan_models()[0][name]
     assert meta["attention"] == shipped.attention_kind
     card = _card_fields((SHIPPED_DIR / name / CARD_FILE).read_text())
     fp = shipped.encoder.fingerprint()
@@ -167,18 +168,18 @@ def test_the_hard_attention_model_is_shipped_and_reads_one_cell_per_word():
 
 
 def test_a_damaged_shipped_json_is_reported_by_name(tmp_path, smoke_checkpoint, monkeypatch, capsys):
-    """A truncated config.json beside its weights does not make the model vanish from available_models without
-    a word (a swallowed JSONDecodeError): the listing warns naming the file, loading the name says why it
-    cannot, and `caption --list-models` prints it and exits 1."""
+    """A truncated config.json beside its weights does not make the model vanish without a word (a swallowed
+    JSONDecodeError): the scan names the file as damaged, loading the name says why it cannot, and
+    `caption --list-models` prints it and exits 1."""
     import captioner.store.zoo as zoo
 
     export_model(smoke_checkpoint, tmp_path / "tiny", dtype="float32")
     export_model(smoke_checkpoint, tmp_path / "intact", dtype="float32")
     meta = tmp_path / "tiny" / CONFIG_FILE
     meta.write_text(meta.read_text()[:200])  # cut off mid-file, as by a full disk
-    with pytest.warns(RuntimeWarning, match=r"tiny/config\.json.*not valid JSON"):
-        models = available_models(tmp_path)
-    assert sorted(models) == ["intact"]
+    models, damaged = scan_models(tmp_path)
+    assert sorted(models) == ["intact"] and sorted(damaged) == ["tiny"]
+    assert re.search(r"tiny/config\.json.*not valid JSON", damaged["tiny"]), damaged
     monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path)
     with pytest.raises(ShippedModelError, match=r"tiny/config\.json: unreadable model config"):
         load_captioner("tiny")

@@ -11,7 +11,7 @@ it expects into an exit status; nothing below imports a command, and library mod
     evaluate  decode a split and score it                           captioner/evaluation/split.py
     score     score a COCO-format results file                      captioner/evaluation/score.py
     extract   precompute encoder grids into the feature cache       captioner/data/features.py
-    demo      the end-to-end run on the built-in shapes data        captioner/demo.py
+    demo      the end-to-end run on the built-in shapes data        captioner/demo.py, training/loop.py, evaluation/
     export    write a run as a Hub-style model folder               captioner/api.py, captioner/store/hub.py
     config    list the shipped configs, or show one resolved        captioner/config.py
     shapes    write the built-in synthetic shapes data set          captioner/data/shapes.py

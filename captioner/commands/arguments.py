@@ -7,10 +7,12 @@ flags of `captioner evaluate` and `score` (``add_scoring_flags``).
 that drops images. Every command's numeric options use these.
 
 ``add_decode_flags`` gives a command the decoding flags, each defaulting to None: "not given", so
-``decode_options`` takes the model's config (``model.decode_options``, its eval section) for every flag left
-out, in the same way for the three commands. <unk> is the one setting whose default is the command's: captions
-for people (caption, serve) never contain it unless ``--allow-unk``; evaluate keeps it unless ``--forbid-unk``
-(its scores then match training's).
+``decode_options`` merges into the command's own options (the model's config, its eval section, in the same way
+for the three commands) only the flags given: the one place a command's flags meet its options. <unk> is the one
+setting whose default is the command's, and the command says it by the options it starts from: captions for
+people (caption, serve) start from ``model.caption_options`` (``DecodeOptions.for_people``: never <unk> unless
+``--allow-unk``); evaluate from ``model.decode_options`` (<unk> kept unless ``--forbid-unk``: its scores then
+match training's).
 """
 
 from __future__ import annotations
@@ -58,10 +60,11 @@ def float_at_least(low: float) -> Callable[[str], float]:
     return parse
 
 
-def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, forbid_unk: bool = True) -> None:
+def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, for_people: bool = True) -> None:
     """--beam, --n-best (when ``n_best``), --attention-mode, --max-length, --length-penalty and
     --block-trigrams / --no-block-trigrams: every one unset (None) unless given; and the <unk> flag that turns
-    this command's default (``forbid_unk``) around: --allow-unk where <unk> is forbidden, else --forbid-unk."""
+    the command's default around, also unset unless given: --allow-unk where its captions are ``for_people``
+    (its options start from ``DecodeOptions.for_people``), else --forbid-unk."""
     parser.add_argument("--beam", type=int_at_least(1), default=None,
                         help="beam width, 1 = greedy (default: the model's eval.beam_size)")
     if n_best:
@@ -76,11 +79,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, forbi
                         help="beam ranking: score / length ** P (default: the model's eval.length_penalty)")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
                         help="never let a caption repeat a trigram (default: the model's eval.block_trigrams)")
-    if forbid_unk:
-        parser.add_argument("--allow-unk", dest="forbid_unk", action="store_false", default=True,
+    if for_people:
+        parser.add_argument("--allow-unk", dest="forbid_unk", action="store_false", default=None,
                             help="let captions contain <unk> (by default the search never chooses it)")
     else:
-        parser.add_argument("--forbid-unk", action="store_true",
+        parser.add_argument("--forbid-unk", action="store_true", default=None,
                             help="never choose <unk> while decoding (as `captioner caption` does); reported in "
                                  "the output")
 
@@ -93,20 +96,17 @@ def add_scoring_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
 
 
-def _model_options(model: Any, **settings: Any) -> DecodeOptions:
-    return model.decode_options.replace_given(**settings)
-
-
-def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace, model: Any,
-                   build: Callable[..., DecodeOptions] = _model_options) -> DecodeOptions:
-    """``build(model, **settings)`` (default: the model's DecodeOptions with ``settings``; the page's:
-    serving.server.page_options) with every decoding flag of ``add_decode_flags`` given and the command's <unk>
-    setting; a bad combination (--n-best above --beam) exits through ``parser.error`` naming the flags."""
+def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   merge: Callable[..., DecodeOptions]) -> DecodeOptions:
+    """The command's options with every decoding flag of ``add_decode_flags`` that was given: ``merge(**flags)``,
+    the command's own options' ``replace_given`` (``model.caption_options.replace_given`` for captions for
+    people, ``model.decode_options.replace_given`` for scores; the page's: serving.server.page_options). A bad
+    combination (--n-best above --beam) exits through ``parser.error`` naming the flags."""
     flags = {"beam": args.beam, "n_best": getattr(args, "n_best", None), "attention_mode": args.attention_mode,
              "max_length": args.max_length, "length_penalty": args.length_penalty,
              "block_trigrams": args.block_trigrams, "forbid_unk": args.forbid_unk}
     try:
-        return build(model, **{k: v for k, v in flags.items() if v is not None})
+        return merge(**{k: v for k, v in flags.items() if v is not None})
     except DecodeOptionError as err:
         parser.error(f"argument --{err.setting.replace('_', '-')}: {err.detail}")
 

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = _load(args)
     if model is None:
         return 2
-    options = decode_options(parser, args, model)
+    options = decode_options(parser, args, model.caption_options.replace_given)  # for people: no <unk> unless asked
 
     paths, failures = expand_image_paths(args.images)
     results: list[dict] = []

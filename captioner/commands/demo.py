@@ -5,23 +5,27 @@ writes their per-word attention overlays (seconds, no training); then generates 
 EfficientNet-Lite0 grids into the feature cache, trains the soft-attention model within a time budget,
 evaluates it on the test split (caption metrics and attention grounding), captions a few test images and
 writes their attention overlays, then prints where everything is. A second run reuses the data, the cache
-and a finished training run. The steps are captioner/demo.py's, training/loop.py's and evaluation/split.py's.
+and a finished training run. The photographs are captioner/demo.py's; training is training/loop.py's, the
+evaluation evaluation/split.py's.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Sequence
 
-from captioner.atomic import write_text_atomic
+from captioner.atomic import write_bytes_atomic, write_text_atomic
 from captioner.commands.arguments import float_at_least, int_at_least
-from captioner.config import add_config_arguments, load_config
-from captioner.demo import DEFAULT_CONFIG, caption_photos, caption_records
+from captioner.config import CONFIG_DIR, add_config_arguments, load_config
+from captioner.demo import PHOTOS, sample_photo
 from captioner.store.rundir import RunDir
+
+DEFAULT_CONFIG = CONFIG_DIR / "shapes.yaml"  # shipped with the package
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +40,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-photos", action="store_true",
                         help="skip captioning the real photographs with the shipped model")
     return parser
+
+
+def caption_photos(out_dir: Path, names: Sequence[str] = PHOTOS) -> list[dict]:
+    """Caption scikit-image's photographs with the shipped model, as `captioner caption` does (its config's
+    decoding); write each photo and its overlay."""
+    from captioner.api import load_captioner
+    from captioner.visualize import save_overlay
+
+    model = load_captioner()  # the shipped Flickr8k model
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = [sample_photo(n) for n in names]
+    results = []
+    for name, image, out in zip(names, images, model.caption(images)):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")  # lossless: `captioner caption` on it gives the same caption
+        write_bytes_atomic(out_dir / f"{name}.png", buffer.getvalue())  # a full disk is named
+        target = save_overlay(image, out, out_dir / f"{name}_attention.png")
+        results.append({"photo": name, "caption": out["caption"], "overlay": str(target)})
+    return results
+
+
+def caption_records(model, records: Sequence, overlay_dir: Path) -> list[dict]:
+    """Caption data set images (one batched search, the model's config's decoding), write their overlays, print
+    each beside its first reference; returns {image, caption, reference, overlay} per image."""
+    from captioner.data.images import load_image
+    from captioner.visualize import save_overlay
+
+    overlay_dir.mkdir(parents=True, exist_ok=True)
+    captions = []
+    images = [load_image(record.path) for record in records]
+    for record, image, out in zip(records, images, model.caption(images)):
+        target = save_overlay(image, out, overlay_dir / f"{Path(record.path).stem}.png")
+        captions.append({"image": str(record.path), "caption": out["caption"], "reference": record.raw[0],
+                         "overlay": str(target)})
+        print(f"      {Path(record.path).name}: {out['caption']!r}  (reference: {record.raw[0]!r})")
+    return captions
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:

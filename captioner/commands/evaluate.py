@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: first)")
     parser.add_argument("--split", default=None, choices=SPLITS,
                         help="default: the checkpoint's eval.split")
-    add_decode_flags(parser, n_best=False, forbid_unk=False)  # --beam, --attention-mode, ..., --forbid-unk
+    add_decode_flags(parser, n_best=False, for_people=False)  # --beam, --attention-mode, ..., --forbid-unk
     add_scoring_flags(parser)  # --tokenizer, --no-meteor
     parser.add_argument("--max-images", type=int_at_least(0), default=0,
                         help="score only the first N images (0 = all)")
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_root:
         cfg.data.root = args.data_root
     split = args.split or cfg.eval.split
-    options = decode_options(parser, args, model)
+    options = decode_options(parser, args, model.decode_options.replace_given)  # as training scored: <unk> kept
     records = load_records(cfg.data, split)
     if args.max_images:
         records = records[: args.max_images]

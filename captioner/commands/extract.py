@@ -17,7 +17,7 @@ from captioner.api import build_encoder_from_config
 from captioner.commands.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
-from captioner.models.encoder import EncoderWeightsError
+from captioner.models.weights import EncoderWeightsError
 from captioner.names import SPLITS
 from captioner.runtime import describe_device, enable_tf32, resolve_device
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import secrets
 import sys
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"{shipped} (shipped)" if shipped else str(args.checkpoint)
     token = _token(args.token)
     hosts = [*LOOPBACK_HOSTS, args.host, *args.allow_host]
-    options = decode_options(parser, args, model, build=page_options)
+    options = decode_options(parser, args, functools.partial(page_options, model))
     app = create_app(model, options, model_label=label, max_upload_bytes=args.max_upload_mb * 2**20,
                      max_pixels=args.max_pixels, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                      allowed_hosts=hosts, token=token)

@@ -15,7 +15,7 @@ from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
 from captioner.store.rundir import RunDir
 from captioner.store.saved_config import load_run_config
-from captioner.training.distributed import TrainingError
+from captioner.training.errors import TrainingError
 from captioner.training.loop import train
 from captioner.training.resume import require_resumable
 

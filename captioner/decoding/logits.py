@@ -1,5 +1,5 @@
 """The searches' read of raw logits (``Logits``): each row's k best words and their log-probabilities without
-forming the (N, V) log-softmax, with the fused C kernel where it applies (captioner/kernels) and the PyTorch
+forming the (N, V) log-softmax, with the fused C kernel where it applies (captioner/fast/kernels) and the PyTorch
 code it is tested against; ``_row_topk``, an exact top-k for wide rows. A decoder step hands a ``Logits`` to the
 search instead of dense log-probabilities (contract.CaptionDecoder.step_with_location, ``dense=False``).
 What a search bans: ``BannedIds``, the ids banned in every row, whose index tensor is built once per device, not at
@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captioner import fast_paths, kernels
+from captioner import fast
+from captioner.fast import kernels
 
 
 class BannedIds:
@@ -77,7 +78,7 @@ class Logits:
     ``logits + bias``, which the fused read forms on the fly instead of in an (N, V) pass of its own.
     """
 
-    # Whether best() may read the logits with the fused C kernel (captioner/kernels, float32 on the CPU); the
+    # Whether best() may read the logits with the fused C kernel (captioner/fast/kernels, float32 on the CPU); the
     # PyTorch code below is the reference it is tested against (tests/test_kernels.py).
     fused = True
 
@@ -103,7 +104,7 @@ class Logits:
         if row_bans is not None:
             return self._best_without(k, banned, row_bans)
         self.logits = self.logits.float()  # (N, V); no copy for float32
-        if self.fused and fast_paths.enabled():  # the C kernel's one read per row, the bias added on the fly; or None
+        if self.fused and fast.enabled():  # the C kernel's one read per row, the bias added on the fly; or None
             read = kernels.row_best_log_probs(self.logits, k, list(banned), self.bias)
             if read is not None:
                 self.logits = None

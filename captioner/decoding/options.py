@@ -3,8 +3,10 @@
 Every decode reads one: ``captioner caption`` / ``evaluate`` / ``serve``, ``api`` (``ImageCaptioner.caption``),
 ``evaluate_model``, training's validation and SCST's greedy baseline, the demo, and the searches
 (``Captioner.generate``). It is built once, from the model's config (``from_config``: its ``eval`` section) and
-then the caller's own settings (``replace_given``: the flags a command was given), and validated once, here.
-Each setting has one default, below; a model remembers its config's as ``model.decode_options``.
+then the caller's own settings (``replace_given``: the flags a command was given, merged there, once), and
+validated once, here. Each setting has one default, below, and only here: the searches (decoding/search.py) read
+them from the options they are given, and the config's ``eval`` section defaults to these. A model remembers its
+config's as ``model.decode_options``. A caption a person reads never shows <unk> unless asked: ``for_people``.
 
 ``attention_mode`` speaks one vocabulary, ``DECODING_MODES``: "expectation" (the soft read, the only one a soft
 model makes unless asked), "argmax" or "sample" (one grid cell per word: hard attention, or a soft model whose
@@ -20,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from captioner.names import BEAM, DECODING_MODES  # BEAM: the width of every decode not told otherwise
+from captioner.names import DECODING_MODES
 
 
 class DecodeOptionError(ValueError):
@@ -38,7 +40,7 @@ class DecodeOptions:
     block_trigrams: never repeat a trigram within a caption. forbid_unk: never choose <unk> (for captions a
     person reads; off where scores must match training's)."""
 
-    beam: int = BEAM
+    beam: int = 3  # the width of every decode not told otherwise
     n_best: int = 1
     attention_mode: str = "expectation"
     max_length: int = 20
@@ -72,6 +74,13 @@ class DecodeOptions:
         return cls(beam=ev.beam_size, attention_mode=ev.attention_mode,
                    max_length=ev.max_length or cfg.data.max_length, length_penalty=float(ev.length_penalty),
                    block_trigrams=ev.block_trigrams)
+
+    def for_people(self) -> "DecodeOptions":
+        """These options as a caption a person reads is decoded: <unk> never chosen. ``captioner caption`` and
+        ``serve`` (unless ``--allow-unk``), ``ImageCaptioner.caption`` and the demo page start from these; scores
+        that must match training's (``evaluate``, validation) do not. Every other setting (and the options'
+        type: an ensemble's ``UnchosenRead`` stays one) is kept."""
+        return dataclasses.replace(self, forbid_unk=True)
 
     def replace_given(self, **settings: Any) -> "DecodeOptions":
         """These options with every setting that was given (not None) replaced: a command's flags over the

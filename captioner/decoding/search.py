@@ -1,51 +1,8 @@
-"""Caption search over a step function: greedy and batched beam search, chosen by ``search`` from the decode's
-``DecodeOptions``.
-
-Owns inference-time decoding of Xu et al. 2015 ("Show, Attend and Tell", Sec. 4.3 and
-5.2: captions are generated with beam search, and the per-word attention maps alpha_t of
-Eq. (4)-(5) are what the paper's figures visualise). Like nanochat's engine this module
-knows nothing about words or models: it drives a `StepFn` on token ids and carries an
-opaque state (a possibly nested tuple of tensors whose dim 0 is the row), which it only
-expands (`repeat_interleave`) and reorders (`index_select`).
-
-Conventions shared by both searches:
-- `max_length` is the number of step calls, hence the most words a caption can have. A
-  hypothesis that emits <end> at call t (0-based) has t words and is `finished`; one still
-  running after `max_length` calls is returned with `finished=False` and `max_length` words
-  (its <end> was never scored).
-- `min_length` sets log p(<end>) to -inf until that many words exist; with
-  `min_length == max_length` every run makes exactly `max_length` calls (for benchmarks).
-  `forbid_ids` (e.g. <pad>, <start>, <unk>) are never chosen: their log-prob is set to -inf.
-- `block_trigrams` (off by default) bans, per hypothesis, every word that would complete a trigram
-  the hypothesis already holds (summarisation decoders' "no_repeat_ngram_size=3": after words
-  ... a b, each earlier "a b x" bans x). <end> is never banned this way, so a hypothesis whose
-  every other word is banned still ends. Banned words count in the normaliser, as forbid_ids do.
-- `score` is the sum of the model's log-probabilities of the words and, when finished, of
-  <end>, so it is comparable across searches.
-- `norm_score = score / length ** length_penalty`, `length = len(tokens) + finished` (the
-  <end> counts as a predicted token). It ranks hypotheses; `length_penalty=0` ranks by raw
-  log-probability, 1 by mean log-probability per predicted token.
-- The step function returns (log_probs, per_word, state); per_word is None, alpha (N, L), or a tuple
-  (alpha (N, L), location (N,) or None): `alphas[i]` is the attention map and `locations[i]` the grid
-  cell read (hard attention) returned by the step call that produced word i. Beam search reorders them
-  with the beams; Hypothesis is built in one place (`_hypothesis`).
-- Log-probabilities are assumed <= 0 (log-softmaxed), which the beam search's early stop
-  relies on. A step function may return them as `Logits` (the raw logits): the searches then
-  read each row's best words and normalise only those, without forming the dense log-softmax.
-- State tensors are never modified in place by the step function (it returns new tensors).
-  Beam search reorders the tensors that hold a row per beam (B*K rows) with the beams. With
-  `expand`, a step function may keep per-image tensors at one row per image (B rows, e.g. the
-  decoder's attention memory, read by all K beams of the image): beam search never copies or
-  reorders those (beams never leave their image), and drops an image's row when the image is done.
-  The row count alone tells the two apart (with K = 1 they coincide, and reordering is the identity).
-- The reference switch (captioner/fast_paths.py) makes every search read a step's `Logits` as dense
-  log-probabilities (the plain top-k over log_softmax).
-- Host reads: on an accelerator every read of a device tensor on the host waits for all the work queued before
-  it. A greedy step makes one (whether every caption has ended); a beam step one copy of what its bookkeeping needs
-  (every row's score and flags, every image's bound: `_Beams._report`) and, on a step where beams finish, one copy
-  of their words, maps and cells (`_History.host_rows`), however many they are. The banned ids are built once per
-  search (`_StepBans`), not at every step. tests/test_decode_syncs.py counts them. (`block_trigrams`, off by
-  default, still reads the host a few times a step: its bans are found with nonzero/unique, logits._RowBans.)
+"""The search: greedy and batched beam search over a step function and token ids (Xu et al. 2015, Sec. 4.3 and
+5.2), chosen by ``search`` from the decode's ``DecodeOptions``, whose settings (and their one default) every
+search reads. It knows no words and no model: it drives a ``StepFn`` and carries an opaque state, which it only
+expands and reorders. Its conventions (lengths, scores, per-word maps, per-image state, host reads) are
+docs/search.md.
 """
 
 from __future__ import annotations
@@ -58,9 +15,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.decoding.logits import BannedIds, Logits, _ban, _RowBans
-from captioner.decoding.options import BEAM, DecodeOptions
+from captioner.decoding.options import DecodeOptions
 
 State = Any  # a tensor, or a (nested) tuple/list of tensors (or None), dim 0 = rows
 StepFn = Callable[[Tensor, State], tuple[Tensor, "Tensor | tuple[Tensor, Tensor | None] | None", State]]
@@ -134,10 +91,9 @@ def _to_host(*tensors: Tensor | None) -> list[Tensor | None]:
 
 
 def _check_args(batch_size: int, max_length: int, min_length: int) -> None:
+    """What the options (checked by DecodeOptions) do not hold: the batch, and min_length against max_length."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}")
     if not 0 <= min_length <= max_length:
         raise ValueError(f"min_length must be in [0, max_length={max_length}], got {min_length}")
 
@@ -243,22 +199,25 @@ def _state_device(state: State) -> torch.device:
 def greedy_search(
     step_fn: StepFn,
     state: State,
+    options: DecodeOptions,
+    *,
     batch_size: int,
     start_id: int,
     end_id: int,
-    max_length: int = 20,
-    *,
-    min_length: int = 0,
-    length_penalty: float = 1.0,
     forbid_ids: Sequence[int] = (),
-    block_trigrams: bool = False,
+    min_length: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Arg-max decoding; returns B lists holding one Hypothesis. Equals `beam_search(beam_size=1)`.
+    """Arg-max decoding; returns B lists holding one Hypothesis. Equals `beam_search` with a beam of one.
 
-    `length_penalty` only sets `norm_score` (greedy does not rank anything). A step's Logits give their best
-    word directly (Logits.best); dense log-probs take topk, not argmax: the op beam search uses, so ties break
-    identically.
+    ``options`` must ask for one hypothesis of a beam of one; their `max_length`, `block_trigrams` and
+    `length_penalty` are read (the last only sets `norm_score`: greedy does not rank anything). A step's Logits
+    give their best word directly (Logits.best); dense log-probs take topk, not argmax: the op beam search uses,
+    so ties break identically.
     """
+    if options.beam != 1 or options.n_best != 1:
+        raise ValueError(f"greedy_search decodes one hypothesis with a beam of one, got beam={options.beam}, "
+                         f"n_best={options.n_best} (search() picks the beam search for those)")
+    max_length, length_penalty, block_trigrams = options.max_length, options.length_penalty, options.block_trigrams
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
     B, bans = batch_size, _StepBans(forbid_ids, end_id, min_length)
@@ -302,25 +261,22 @@ def greedy_search(
 def beam_search(
     step_fn: StepFn,
     state: State,
+    options: DecodeOptions,
+    *,
     batch_size: int,
     start_id: int,
     end_id: int,
-    beam_size: int = BEAM,
-    max_length: int = 20,
-    length_penalty: float = 1.0,
-    n_best: int = 1,
-    *,
-    min_length: int = 0,
     forbid_ids: Sequence[int] = (),
+    min_length: int = 0,
     expand: Callable[[State, int], State] | None = None,
-    block_trigrams: bool = False,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns B lists of up to `n_best` hypotheses, best `norm_score` first.
+    """Batched beam search with ``options.beam`` beams per image; returns B lists of up to `options.n_best`
+    hypotheses, best `norm_score` first (ranked by `options.length_penalty`).
 
     Row b*K + k holds beam k of image b. Candidates are ranked by raw score inside the
     search (as in the classic SAT beam search); a beam that emits <end> is copied to its
     image's pool and stays frozen in its slot (its only continuation is itself at +0), so
-    `beam_size=1` is exactly greedy. Length normalisation ranks the final hypotheses.
+    a beam of one is exactly greedy. Length normalisation ranks the final hypotheses.
     An image stops once its pool holds `n_best` hypotheses that no live beam can beat in
     `norm_score` (log-probs <= 0 bound every continuation), and its rows leave the batch.
     Beams still running after `max_length` calls join the ranking as unfinished; the list
@@ -333,12 +289,11 @@ def beam_search(
     data the step function reads for all K beams (e.g. the decoder's attention memory, see
     CaptionDecoder.expand_state in models/decoders/contract.py).
     """
+    max_length = options.max_length
     _check_args(batch_size, max_length, min_length)
-    if beam_size < 1 or n_best < 1:
-        raise ValueError(f"beam_size and n_best must be >= 1, got beam_size={beam_size}, n_best={n_best}")
     _check_state_rows(state, batch_size)
-    beams = _Beams(state, batch_size, beam_size, start_id, end_id, length_penalty, n_best, expand, max_length,
-                   block_trigrams)
+    beams = _Beams(state, batch_size, options.beam, start_id, end_id, options.length_penalty, options.n_best, expand,
+                   max_length, options.block_trigrams)
     bans = _StepBans(forbid_ids, end_id, min_length)
     for t in range(max_length):
         log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, ())
@@ -360,7 +315,7 @@ class _Beams:
 
     def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
                  n_best: int, expand: Callable[[State, int], State] | None, max_length: int,
-                 block_trigrams: bool = False) -> None:
+                 block_trigrams: bool) -> None:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
         self.max_length, self.block_trigrams = max_length, block_trigrams
         self.active = list(range(batch_size))  # original image index of each image still in the batch
@@ -582,9 +537,8 @@ def search(step_fn: StepFn, state: State, options: DecodeOptions, *, batch_size:
     """Decode B images with ``options`` (decoding/options.py): greedy when one hypothesis of a beam of one is
     asked for, else the beam search. ``forbid_ids`` are token ids never chosen (the caller's <pad> and <start>,
     and <unk> when ``options.forbid_unk``: the ids are the caller's to name, Captioner.generate)."""
-    common = dict(batch_size=batch_size, start_id=start_id, end_id=end_id, max_length=options.max_length,
-                  min_length=min_length, length_penalty=options.length_penalty, forbid_ids=tuple(forbid_ids),
-                  block_trigrams=options.block_trigrams)
+    common = dict(batch_size=batch_size, start_id=start_id, end_id=end_id, forbid_ids=tuple(forbid_ids),
+                  min_length=min_length)
     if options.beam == 1 and options.n_best == 1:
-        return greedy_search(step_fn, state, **common)
-    return beam_search(step_fn, state, beam_size=options.beam, n_best=options.n_best, expand=expand, **common)
+        return greedy_search(step_fn, state, options, **common)
+    return beam_search(step_fn, state, options, expand=expand, **common)

@@ -361,26 +361,12 @@ def grounding_shares(
     return shares
 
 
-def attention_grounding(words: Sequence[str], alphas: Any, grid_hw: tuple[int, int], objects: Sequence[dict],
-                        image_size: tuple[int, int], names: Iterable[str] | None = None) -> float | None:
-    """Mean share of attention inside the named object's region, over one caption's referring words
-    (see ``grounding_shares``); None when no word names an object."""
-    shares = grounding_shares(words, alphas, grid_hw, objects, image_size, names)
-    return float(np.mean(shares)) if shares else None
-
-
 def cells_read(locations: Sequence[int], n_locations: int) -> np.ndarray:
     """(n_words, L) one-hot rows of the grid cells hard attention read (argmax/sample decoding): what
     grounding scores for such a decode, since the word saw that cell only, not the distribution alpha."""
     read = np.zeros((len(locations), n_locations), dtype=np.float32)
     read[np.arange(len(locations)), np.asarray(locations, dtype=np.int64)] = 1.0
     return read
-
-
-def mean_grounding(values: Iterable[float | None]) -> float | None:
-    """Dataset-level mean of per-image grounding values, ignoring None; None if all are None."""
-    kept = [v for v in values if v is not None]
-    return float(np.mean(kept)) if kept else None
 
 
 class CocoInstanceRegions:

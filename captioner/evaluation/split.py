@@ -1,5 +1,7 @@
 """Decode a split and score it: ``evaluate_model``, which `captioner evaluate` (captioner/commands/evaluate.py),
-the demo and the tests run, and ``format_table``, its report.
+the demo and the tests run, and ``format_table``, its report. ``decode_batches`` / ``decode_reads`` are the one
+decode loop behind it and training's per-epoch validation (captioner/training/validation.py): both pick and report
+checkpoints by what this loop decodes, so they decode the same words with the same ``DecodeOptions``.
 
 Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
 reference captions, reported on the 0-100 scale with the split, beam width and
@@ -10,16 +12,14 @@ beside them when the data set knows object regions (the shapes boxes).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from captioner.api import reads_cached_grids
 from captioner.data.datasets import MIRROR_SUFFIX
 from captioner.data.images import check_jpeg_quality
-from captioner.decoding.batches import decode_batches
 from captioner.decoding.options import DecodeOptions
 from captioner.evaluation.metrics import (
     CocoInstanceRegions,
@@ -195,6 +195,20 @@ def evaluate_model(
     }
 
 
+@torch.no_grad()
+def decode_batches(model, batches: Iterable[tuple[Sequence, torch.Tensor]], options: DecodeOptions
+                   ) -> Iterator[tuple[Any, Any, list[str]]]:
+    """Decode (records, grid (B, L, D)) batches with an ``api.ImageCaptioner``: yields (record, best
+    hypothesis, words) per image, in float32 for validation and evaluate alike (training's mixed precision stops
+    at the teacher-forced loss: best.pt is picked on the captions evaluate reports). ``<unk>`` is kept unless
+    ``options`` forbid it."""
+    for records, grid in batches:
+        hyps = model.generate(grid, options)
+        for record, per_image in zip(records, hyps):
+            best = per_image[0]
+            yield record, best, model.words(best)
+
+
 def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _Grounding | None = None
                  ) -> tuple[dict[str, str], dict[str, tuple]]:
     """Decode (records, grid) batches with ``options`` (decode_batches): the caption per image id, and per image id
@@ -240,7 +254,7 @@ def cached_grids(model, records: Sequence) -> Any:
     from captioner.data.features import cache_dir_for, open_complete_cache
 
     cfg = model.config
-    if not reads_cached_grids(cfg):
+    if not cfg.data.use_cache:
         return None
     fingerprint = model.encoder.cache_fingerprint()
     return open_complete_cache(cache_dir_for(cfg.data, fingerprint), records, fingerprint)

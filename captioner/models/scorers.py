@@ -24,7 +24,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from captioner import fast_paths, kernels
+from captioner import fast
+from captioner.fast import kernels
 
 
 class AdditiveScorer(nn.Module):
@@ -59,20 +60,20 @@ class AdditiveScorer(nn.Module):
     def forward(self, query: Tensor, prepared: Tensor) -> Tensor:
         return self.score(self.query_proj(query), prepared)
 
-    # Whether score() may run the fused C kernel (captioner/kernels: float32 on the CPU, outside autocast):
+    # Whether score() may run the fused C kernel (captioner/fast/kernels: float32 on the CPU, outside autocast):
     # one pass over the keys, no (B, G, L, A) hidden layer written or kept for the backward. False: the
     # PyTorch ops below only (the reference that tests/test_kernels.py compares with). The reference switch
-    # (captioner/fast_paths.py) turns the kernel and the chunking off as well.
+    # (captioner/fast) turns the kernel and the chunking off as well.
     fused = True
 
     def score(self, q: Tensor, prepared: Tensor) -> Tensor:
         """Scores from the projected query q = U h (B*G, A)."""
-        fast = fast_paths.enabled()
-        if fast and self.fused and kernels.additive_applies(q, prepared, self.v.weight):
+        use_fast = fast.enabled()
+        if use_fast and self.fused and kernels.additive_applies(q, prepared, self.v.weight):
             return kernels.additive_scores(q, prepared, self.v.weight)  # (B*G, L), one pass, nothing stored
         B, L, A = prepared.shape
         q = q.reshape(B, -1, 1, A)  # (B, G, 1, A)
-        if not fast or (torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad)):
+        if not use_fast or (torch.is_grad_enabled() and (q.requires_grad or prepared.requires_grad)):
             # tanh in place on the fresh sum: one (B, G, L, A) buffer instead of two (autograd
             # allows it: the sum's backward does not need its output).
             hidden = torch.tanh_(prepared.unsqueeze(1) + q)  # (B, G, L, A)

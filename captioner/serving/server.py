@@ -146,9 +146,9 @@ def caption_image(model: Any, image: Any, options: DecodeOptions | None = None) 
 
 
 def page_options(model: Any, **settings: Any) -> DecodeOptions:
-    """The page's decoding: ``model.caption_options`` (the model's config's, <unk> forbidden, as in every caption
-    for people), then ``settings`` (DecodeOptions fields by name); every hypothesis of the beam is listed unless
-    ``n_best`` is given."""
+    """The page's decoding: ``model.caption_options`` (the model's config's, ``for_people``: <unk> forbidden, as in
+    every caption for people), then ``settings`` (DecodeOptions fields by name: `captioner serve`'s flags, merged
+    here once); every hypothesis of the beam is listed unless ``n_best`` is given."""
     options = model.caption_options.replace_given(**settings)
     return options if "n_best" in settings else options.replace_given(n_best=options.beam)
 

@@ -4,7 +4,7 @@ Owns the on-disk format of everything the training loop (`training/loop.py`) wri
 A checkpoint is one `torch.save` file holding a plain dict:
 
     {"format_version": 2, "model": state_dict, "optimizer": ..., "scheduler": ..., "scaler": ...,
-     "rng": ..., "epoch": int, "step": int, "baseline": ..., "config": plain dict,
+     "rng": ..., "epoch": int, "step": int, "objective": its state, "config": plain dict,
      "vocab": Vocab.to_dict(), "metrics": dict, "payload_sha256": str}
 
 Four guarantees, each tested in tests/test_checkpoint.py:
@@ -207,19 +207,20 @@ def _type_name(value: Any) -> str:
 # --------------------------------------------------------------------------- loading
 
 
-def resolve_checkpoint_path(path: str | Path) -> Path:
+def resolve_checkpoint_path(path: str | Path, prefer: str = "best") -> Path:
     """Return the checkpoint file for `path`: the file itself, or for a run directory
-    its best.pt, else its last.pt.
+    its best.pt, else its last.pt (`prefer="last"`: its last.pt alone; RunDir.candidates).
 
     Raises:
-        CheckpointError: "checkpoint not found: PATH", or a directory holding neither file.
+        CheckpointError: "checkpoint not found: PATH", or a directory holding none of those files.
     """
     path = Path(path)
     if path.is_dir():  # the best model is what inference wants; a run stopped before validating has last.pt
         run = RunDir(path)
-        found = run.checkpoint()
+        found = run.checkpoint(prefer)
         if found is None:
-            raise CheckpointError(f"checkpoint not found: {path} is a directory without {' or '.join(run.names())}")
+            raise CheckpointError(f"checkpoint not found: {path} is a directory without "
+                                  f"{' or '.join(run.names(prefer))}")
         return found
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")

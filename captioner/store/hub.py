@@ -325,7 +325,7 @@ def load_folder_weights(model: nn.Module, tensors: dict[str, torch.Tensor], meta
     the fingerprint config.json records."""
     expected = {k: v for k, v in model.state_dict().items()
                 if not (model.config.model.encoder.pretrained and k.startswith(BACKBONE_PREFIX))}
-    check_state_dict(tensors, expected)
+    check_state_dict(tensors, expected, source=directory)
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
     have = {**model.encoder.fingerprint(), "vocab_size": len(model.vocab)}
     differ = [k for k in meta["fingerprint"] if meta["fingerprint"][k] != have.get(k)]

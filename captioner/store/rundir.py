@@ -19,7 +19,8 @@
       weights-rankR.sha256     distributed runs: each rank's weights hash (they must agree)
       previous-YYYYMMDD-HHMMSS/  what an earlier run left here, moved aside when a new run (not --resume) started
 
-A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``RunDir.checkpoint``). A new run
+A checkpoint path that is a run folder loads ``best.pt``, else ``last.pt`` (``RunDir.checkpoint``); where the latest
+state is wanted (``--resume``), ``last.pt`` alone (``prefer="last"``; captioner/store/locate.py). A new run
 starts in a folder of its own: ``run_outputs`` are the entries it would mix with an earlier run's (moved aside by
 captioner/training/run_files.py); the demo's ``photos/`` (the shipped model's captions) and W&B's folder (W&B keeps
 its runs apart by id) are not among them.
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+PREFER = ("best", "last")  # what a run folder may stand for: RunDir.candidates
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,19 @@ class RunDir:
                  self.run_file, self.finished, self.summary, self.overlays, self.tensorboard]
         return [p for p in named if p.exists()] + sorted(self.root.glob("weights-rank*.sha256"))
 
-    def checkpoint(self) -> Path | None:
-        """The checkpoint a run folder stands for: best.pt, else last.pt; None when it holds neither."""
-        return next((p for p in (self.best, self.last) if p.is_file()), None)
+    def candidates(self, prefer: str = "best") -> tuple[Path, ...]:
+        """The checkpoints a run folder may stand for, in order: ``prefer="best"``: best.pt, else last.pt (the model
+        to caption with or start from; a run stopped before validating has only last.pt); ``"last"``: last.pt alone
+        (the latest state, what --resume continues: best.pt may hold an earlier epoch)."""
+        if prefer not in PREFER:
+            raise ValueError(f"prefer={prefer!r}: a run folder stands for its {' or its '.join(map(repr, PREFER))} "
+                             "checkpoint")
+        return (self.best, self.last) if prefer == "best" else (self.last,)
 
-    def names(self) -> tuple[str, ...]:
+    def checkpoint(self, prefer: str = "best") -> Path | None:
+        """The checkpoint a run folder stands for (``candidates``): the first that exists; None when none does."""
+        return next((p for p in self.candidates(prefer) if p.is_file()), None)
+
+    def names(self, prefer: str = "best") -> tuple[str, ...]:
         """The file names ``checkpoint`` looks for, in order (for messages)."""
-        return (self.best.name, self.last.name)
+        return tuple(p.name for p in self.candidates(prefer))

@@ -10,6 +10,12 @@ versions saved differs in two ways, both upgraded here and nowhere else:
   defaults. A key another family owns, at that family's default, is dropped; any other value is kept, and the
   config refuses it as the unknown key it is, naming the file.
 
+- ``train`` held the objective as a name (``objective: xe | scst``) beside sections for each (``hard``: the
+  estimator of hard attention under cross-entropy and its settings, ``scst``) and cross-entropy's ``alpha_c`` and
+  ``alpha_entropy``; today ``train.objective`` is the section of one objective, its kind ``xe``, ``reinforce``
+  (the old estimator ``paper``), ``loo``, ``gumbel`` or ``scst``, holding only the keys that objective reads
+  (``upgrade_objective``).
+
 And one upgrade keeps how a model decodes: before soft models could read one cell per word (issue 35: "hard
 attention from soft", commit ffa4944), a soft model (any attention but ``hard``) whose ``eval.attention_mode`` was
 ``argmax`` or ``sample`` (a soft ablation of a hard config, ``--set model.attention.attention=soft``) ignored
@@ -29,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data
+from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data, kinded_section
 from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, family_config
 
 # The decoding reads of one grid cell per word (models/attention.py's ONE_CELL_MODES less training's gumbel; this
@@ -48,6 +54,7 @@ def upgrade_saved_config(data: Any) -> Any:
     if isinstance(attention, dict) and "kind" in attention and "attention" not in attention:
         attention["attention"] = attention.pop("kind")
     _keep_soft_reads_soft(data)
+    upgrade_objective(data)
     decoder = data["model"].get("decoder")
     if not isinstance(decoder, dict):
         return data
@@ -61,12 +68,45 @@ def upgrade_saved_config(data: Any) -> Any:
     return data
 
 
+# the cross-entropy estimators of hard attention, by their old train.hard.estimator names
+_ESTIMATOR_KINDS = {"paper": "reinforce", "loo": "loo", "gumbel": "gumbel"}
+
+
+def upgrade_objective(data: dict) -> None:
+    """A train section saved before objectives were sections (``objective`` a name, ``hard``, ``scst``,
+    ``alpha_c``, ``alpha_entropy``): the same run's ``train.objective`` section today, in place. The kind is what
+    that version trained with: scst, or for hard attention under cross-entropy its estimator, else xe; the section
+    takes the old keys that kind reads (the others were unread, and dropped)."""
+    train = data.get("train")
+    if not isinstance(train, dict) or isinstance(train.get("objective"), dict):
+        return
+    if not any(key in train for key in ("objective", "hard", "scst", "alpha_c", "alpha_entropy")):
+        return
+    hard, scst = train.pop("hard", None) or {}, train.pop("scst", None) or {}
+    attention = (data.get("model") or {}).get("attention")
+    is_hard = isinstance(attention, dict) and attention.get("attention") == "hard"
+    if train.get("objective", "xe") == "scst":
+        kind, old = "scst", scst
+    elif is_hard:
+        kind, old = _ESTIMATOR_KINDS.get(hard.get("estimator", "paper"), hard.get("estimator")), hard
+    else:
+        kind, old = "xe", {}
+    old = {**{key: train.pop(key) for key in ("alpha_c", "alpha_entropy") if key in train}, **old}
+    try:
+        own = {f.name for f in dataclasses.fields(kinded_section("train.objective", kind))}
+    except ConfigError:  # an estimator no version had: kept for the config's reader to refuse by name
+        own = set(old)
+    train["objective"] = {"kind": kind, **{key: value for key, value in old.items() if key in own and key != "kind"}}
+
+
 def saved_before_one_cell_soft_reads(data: dict) -> bool:
     """Whether a saved config (a nested dict) was written before soft models could read one cell per word:
     its train section lacks train.scst.attention_mode, which the same change added (module docstring)."""
     train = data.get("train")
     if not isinstance(train, dict):
         return False  # not a whole saved config: nothing to tell its version by
+    if isinstance(train.get("objective"), dict):
+        return False  # objectives as sections came after that change
     scst = train.get("scst")
     return not (isinstance(scst, dict) and "attention_mode" in scst)
 

@@ -15,7 +15,6 @@ given, and ``captioner caption --list-models`` lists what is shipped. ``captione
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
@@ -42,15 +41,6 @@ def scan_models(directory: Path | None = None) -> tuple[dict[str, dict], dict[st
         except ModelFolderError as err:
             damaged[folder.name] = str(err)
     return found, damaged
-
-
-def available_models(directory: Path | None = None) -> dict[str, dict]:
-    """Shipped model name -> its config.json, for every model folder; a damaged folder is left out with a
-    warning that names its file."""
-    found, damaged = scan_models(directory)
-    for reason in damaged.values():
-        warnings.warn(f"captioner: shipped model left out: {reason}", RuntimeWarning, stacklevel=2)
-    return found
 
 
 def resolve_name(name: str | None) -> str:

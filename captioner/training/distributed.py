@@ -15,10 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. non-finite losses in a row); the message says why and what to try."""
-
+from captioner.training.errors import TrainingError
 
 # --------------------------------------------------------------------------- process / device
 

@@ -1,9 +1,9 @@
 """What the training loop reads: records, the feature cache, datasets and each epoch's loader.
 
-``from_images`` (decided once, by ``api.reads_cached_grids``) picks between datasets of images, which
-the encoder runs on (fine-tuning, or ``data.use_cache: false``), and datasets of cached backbone grids,
-extracted here once by rank 0 when the cache is incomplete. The order of every epoch depends only on
-(seed, epoch), which is what makes a resumed run continue bit for bit.
+``from_images`` (``not data.use_cache``, decided once by the training loop) picks between datasets of images,
+which the encoder runs on, and datasets of the feature cache's rows (a frozen encoder's grids, a fine-tuned one's
+activations below its trainable blocks), extracted here once by rank 0 when the cache is incomplete. The order of
+every epoch depends only on (seed, epoch), which is what makes a resumed run continue bit for bit.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: li
 
         def make(records, per_image):
             return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
-    train_set = make(train_records, cfg.train.objective == "scst")
+    train_set = make(train_records, cfg.train.objective.kind == "scst")
     if train_set.n_truncated:
         log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
                  train_set.n_truncated, len(train_set), max_length)

@@ -1,10 +1,10 @@
 """The training loop: epochs, validation by real decoding, checkpoints, exact resume, DDP.
 
-Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objectives of captioner/training/losses.py:
-soft attention by backpropagation (§4.2, Eq. 14), hard attention by REINFORCE with a moving
-baseline, an entropy bonus and the per-image expectation trick (§4.1, Eq. 10-12), or by its leave-one-out or
-straight-through Gumbel-softmax estimators (``train.hard.estimator``; the last one's temperature is annealed per
-epoch, losses.gumbel_temperature).
+Trains a Show-Attend-Tell captioner (Xu et al. 2015) with the objective ``train.objective.kind`` names
+(captioner/training/objectives/): soft attention by backpropagation (§4.2, Eq. 14), hard attention by the paper's
+REINFORCE (§4.1, Eq. 10-12), its leave-one-out or straight-through Gumbel-softmax estimators, or self-critical
+sequence training. A step asks the objective for its loss and tells it when the step was taken; the objective
+keeps its own state (a moving baseline, a temperature schedule), saved in every checkpoint.
 
 - ``train()`` reads top to bottom: ``_set_up`` (data, model, optimizer; with ``--resume`` their saved
   state), then per epoch ``_train_epoch`` and ``_end_epoch`` (validate, select, checkpoint).
@@ -17,7 +17,7 @@ epoch, losses.gumbel_temperature).
   follows ``train.val_metric`` and early stopping uses ``train.patience``. The teacher-forced
   validation loss is logged, never used to choose.
 - ``last.pt`` after every epoch holds everything needed to continue bit for bit: weights,
-  optimizer, scheduler, fp16's gradient scaler, every rank's RNG states, the hard-attention baseline
+  optimizer, scheduler, fp16's gradient scaler, every rank's RNG states, the objective's state
   and the metrics. The shuffling order of epoch e depends only on (seed, e). ``--resume`` takes the
   run's latest state only (its directory or last.pt: an earlier checkpoint such as best.pt would
   rewrite metrics.jsonl without the later epochs; the refusal says how to branch a copy from it) and
@@ -25,7 +25,7 @@ epoch, losses.gumbel_temperature).
   any moment resumes to the same epochs, files and weights: what is written when, and a new run's clean
   folder and id, are captioner/training/run_files.py's.
 - DDP under torchrun: one process per device, DistributedSampler, rank 0 validates and writes;
-  the REINFORCE baseline is updated from the all-reduced batch reward, so it is the same on
+  the objective hears of each step with the all-reduced batch reward, so its state is the same on
   every rank. Per-process batch size is ``train.batch_size``.
 
 The ``captioner train`` command (its flags, errors and exit status) is captioner/commands/train.py.
@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from captioner import fast_paths
+from captioner import fast as fast_paths
 from captioner.atomic import write_text_atomic
 from captioner.config import Config, ConfigError, config_to_dict, save_config
 from captioner.data.datasets import CaptionDataset, build_vocab, mirrored_records
@@ -55,7 +55,6 @@ from captioner.data.vocab import Vocab
 from captioner.runtime import describe_device, enable_tf32, keep_freed_memory
 from captioner.store.rundir import RunDir
 from captioner.training.distributed import (
-    TrainingError,
     barrier,
     broadcast_flag,
     gather_rng_states,
@@ -63,12 +62,13 @@ from captioner.training.distributed import (
     set_rng_state,
     setup_distributed,
 )
-from captioner.training.estimators import ESTIMATORS
+from captioner.training.errors import TrainingError
 from captioner.training.inputs import epoch_loader, load_split_records, make_datasets
-from captioner.training.losses import LossOutput, gumbel_temperature, soft_attention_loss, update_baseline
+from captioner.training.losses import LossOutput
+from captioner.training.objectives.base import Objective
+from captioner.training.objectives.registry import build_objective
 from captioner.training.optim import OPTIMIZERS, build_optimizer
 from captioner.training.progress import Progress
-from captioner.training.progress import out_of_time as _out_of_time  # noqa: F401 (its name here before progress.py)
 from captioner.training.resume import init_weights, load_init, resume_payload
 from captioner.training.run_files import (
     new_run_id,
@@ -103,13 +103,11 @@ class _TrainForward(nn.Module):
 
     def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
                 attention_mode: str = "expectation", expectation_mask: torch.Tensor | None = None,
-                sample: dict | None = None, rows: torch.Tensor | None = None, temperature: float | None = None):
+                sample: dict | None = None, rows: torch.Tensor | None = None, temperature: float = 1.0):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
         reads (several captions may read one image's grid, encoded once); they share dropout masks.
-        ``temperature``: τ of the attention's "gumbel" read (models/attention.py), set before decoding."""
-        if temperature is not None:
-            self.model.decoder.attention.temperature = temperature
+        ``temperature``: τ of the attention's "gumbel" read (models/attention.py)."""
         grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
         if rows is not None:
             grid = grid.index_select(0, rows)  # (N, L, D)
@@ -117,29 +115,7 @@ class _TrainForward(nn.Module):
             return self.model.decoder.sample(grid, **sample)
         # the captions that read one grid row are copies of one caption: they share their dropout masks
         return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
-                          dropout_rows=rows)
-
-
-def compute_loss(forward: nn.Module, batch: Any, cfg: Config, hard: bool, baseline: float | None,
-                 scst: Any = None, temperature: float = 1.0) -> LossOutput:
-    """One batch's objective (soft: Eq. 14; hard: Eq. 10-12 with the expectation trick, or the estimator
-    train.hard.estimator names; with ``scst``, a captioner.training.scst.SelfCritical, the self-critical objective).
-    ``temperature``: τ of the "gumbel" estimator's relaxed read (this epoch's, gumbel_temperature)."""
-    if scst is not None:
-        return scst.loss(forward, _bare(forward).model, batch)
-    targets = batch.captions[:, 1:]  # (B, T-1)
-    if not hard:
-        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation")
-        return soft_attention_loss(out, targets, alpha_c=cfg.train.alpha_c, alpha_entropy=cfg.train.alpha_entropy)
-    B = batch.captions.shape[0]
-    expectation = torch.rand(B) < cfg.train.hard.expectation_prob  # (B,): drawn on the CPU RNG, restored on resume
-    expectation = expectation.to(batch.captions.device)
-    return ESTIMATORS[cfg.train.hard.estimator](forward, batch, cfg, expectation, baseline, temperature)
-
-
-def _bare(forward: nn.Module) -> nn.Module:
-    """The _TrainForward inside a DDP wrapper (or itself)."""
-    return forward.module if isinstance(forward, nn.parallel.DistributedDataParallel) else forward
+                          dropout_rows=rows, temperature=temperature)
 
 
 # model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way
@@ -187,13 +163,12 @@ def _all_finite(model: nn.Module) -> bool:
 # --------------------------------------------------------------------------- the loop
 
 
-def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progress: Progress,
-                optimizer: torch.optim.Optimizer, scaler: Any, amp: Any, world: int,
-                scst: Any = None, temperature: float = 1.0) -> LossOutput | None:
-    """One optimizer step; None when skipped for a non-finite loss or gradient (the weights are untouched)."""
-    t = cfg.train
-    with amp():
-        res = compute_loss(forward, batch, cfg, hard, progress.baseline, scst, temperature=temperature)
+def _train_step(run: "_Run", objective: Objective, batch: Any) -> LossOutput | None:
+    """One optimizer step on ``objective``'s loss; None when skipped for a non-finite loss or gradient (the weights
+    are untouched)."""
+    t, progress, optimizer, scaler = run.cfg.train, run.progress, run.optimizer, run.scaler
+    with run.amp():
+        res = objective.loss(run.forward, batch)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(res.loss).backward()
     scaler.unscale_(optimizer)
@@ -206,7 +181,7 @@ def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progres
     zero = bad.new_zeros(())
     reduced = torch.stack([bad, zero if res.reward_sum is None else res.reward_sum.float(),
                            zero if res.reward_count is None else res.reward_count.float()])
-    if world > 1:
+    if run.world > 1:
         dist.all_reduce(reduced)
     bad_total, reward_sum, reward_count = reduced.tolist()
     progress.step += 1
@@ -225,8 +200,7 @@ def _train_step(forward: nn.Module, batch: Any, cfg: Config, hard: bool, progres
     progress.nonfinite_run = 0
     scaler.step(optimizer)
     scaler.update()
-    if hard and reward_count > 0:
-        progress.baseline = update_baseline(progress.baseline, reward_sum / reward_count, t.hard.baseline_decay)
+    objective.after_step(reward_sum / reward_count if reward_count > 0 else None)
     return res
 
 
@@ -245,7 +219,7 @@ class _Run:
     train_set: CaptionDataset
     val_loss_set: CaptionDataset | None  # rank 0 only (inputs.make_datasets): the other ranks never validate
     val_decode_set: CaptionDataset | None
-    scst: Any
+    objective: Objective
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     progress: Progress
@@ -259,10 +233,6 @@ class _Run:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def hard(self) -> bool:
-        return self.model.decoder.stochastic
 
 
 @dataclass
@@ -280,7 +250,7 @@ class _EpochStats:
 
 def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     """Data, vocabulary, model, datasets, optimizer and schedule; with ``resume`` their saved state."""
-    from captioner.api import build_model, reads_cached_grids
+    from captioner.api import build_model
 
     t = cfg.train
     if t.num_threads > 0:
@@ -305,19 +275,15 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
 
     seed_everything(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, vocab).to(device)
-    from_images = not reads_cached_grids(cfg)
+    from_images = not cfg.data.use_cache
     if init is not None:
         init_weights(cfg, model, init)
     train_set, val_loss_set, val_decode_set = make_datasets(cfg, model, vocab, train_records, val_records,
                                                              from_images, rank, world)
-    scst = None
-    if t.objective == "scst":
-        from captioner.training.scst import SelfCritical
-
-        scst = SelfCritical(cfg, model, train_set, from_images)
+    objective = build_objective(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
     run = _Run(cfg, RunDir(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
-               val_decode_set, scst, optimizer, _build_scheduler(cfg, optimizer),
+               val_decode_set, objective, optimizer, _build_scheduler(cfg, optimizer),
                Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}, run_id=new_run_id()), started)
     # The training stream starts here, so it does not depend on whether feature extraction (which
     # draws on the global RNG) just ran; each rank gets its own dropout masks and attention samples.
@@ -336,6 +302,8 @@ def _restore(run: _Run, payload: dict) -> None:
     run.model.load_state_dict(payload["model"])
     run.optimizer.load_state_dict(payload["optimizer"])
     run.scheduler.load_state_dict(payload["scheduler"])
+    # a checkpoint saved before objectives kept their state held REINFORCE's baseline among the progress
+    run.objective.load_state_dict(payload.get("objective", {"baseline": payload.get("baseline")}))
     run.progress = Progress.from_payload(payload)
     run.started -= run.progress.elapsed_s  # the time budget counts the run's earlier sessions too
     t, saved = run.cfg.train, payload["config"]["train"]  # .get below: a config saved before the time budget
@@ -352,7 +320,7 @@ def _open_run_dir(run: _Run, payload: dict | None) -> None:
     writes run.json, config.yaml, vocab.json and the metrics log, and opens TensorBoard and W&B."""
     if not run.is_main:
         return
-    from captioner.training.tblog import open_run_logs
+    from captioner.training.run_logs import open_run_logs
 
     if payload is None:
         start_clean(run.run_dir)
@@ -379,20 +347,12 @@ def _prepare_steps(run: _Run) -> None:
     if run.world > 1:
         run.forward = nn.parallel.DistributedDataParallel(
             run.forward, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=_may_leave_parameters_out(run.cfg),
+            find_unused_parameters=run.objective.may_leave_parameters_out,
             broadcast_buffers=_buffers_change(run.cfg))
     use_amp = t.amp != "none"
     if use_amp:
         run.amp = lambda: torch.autocast(device.type, dtype=AMP_DTYPES[t.amp])
     run.scaler = _make_scaler(device, enabled=use_amp and t.amp == "fp16")
-
-
-def _may_leave_parameters_out(cfg: Config) -> bool:
-    """Whether a step may leave a trainable parameter without a gradient, so DDP must search for them every step
-    (find_unused_parameters). Cross-entropy reaches every parameter of every variant (tests/test_train.py checks each
-    decoder kind, attention, scorer and estimator); SCST may not (hard attention reading its arg-max cell trains
-    no scorer without train.scst.xe_weight)."""
-    return cfg.train.objective == "scst"
 
 
 def _buffers_change(cfg: Config) -> bool:
@@ -430,13 +390,12 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
                      num_workers=num_workers, pin_memory=run.device.type == "cuda")
     sums: dict[str, torch.Tensor] = {}
     n_steps, skipped = 0, 0
-    temperature = gumbel_temperature(epoch, t.epochs, t.hard.temperature, t.hard.temperature_min)  # gumbel only
+    run.objective.on_epoch(epoch)
     epoch_start = time.monotonic()
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not run.is_main, mininterval=1.0,
                dynamic_ncols=True, leave=False)
     for batch in bar:
-        res = _train_step(run.forward, batch.to(run.device), run.cfg, run.hard, progress, run.optimizer,
-                          run.scaler, run.amp, run.world, run.scst, temperature)
+        res = _train_step(run, run.objective, batch.to(run.device))
         if res is None:
             skipped += 1
             continue
@@ -461,10 +420,7 @@ def _epoch_entry(run: _Run, epoch: int, stats: _EpochStats) -> dict[str, Any]:
     """The metrics log's line for this epoch: training means, validation scores, timings."""
     entry: dict[str, Any] = {"epoch": epoch + 1, "step": run.progress.step}
     entry.update({f"train_{k}": float(v) / max(stats.n_steps, 1) for k, v in stats.sums.items()})
-    entry.update({"skipped_steps": stats.skipped, "baseline": run.progress.baseline, "lr": stats.lr})
-    if run.scst is not None:
-        entry["train_greedy_reward"] = run.scst.greedy_reward_on(run.model, run.train_set, run.device,
-                                                                 run.cfg.eval.batch_size)
+    entry.update({"skipped_steps": stats.skipped, "lr": stats.lr, **run.objective.epoch_figures()})
     entry.update(validate(run.model, run.cfg, run.val_loss_set, run.val_decode_set, run.device, run.from_images,
                           run.amp))
     entry.update({"train_time_s": round(stats.train_time, 2), "time_s": round(time.monotonic() - stats.start, 2),
@@ -502,6 +458,7 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     run.progress.elapsed_s = time.monotonic() - run.started
     ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
+            "objective": run.objective.state_dict(),
             "config": config_to_dict(run.cfg),
             "vocab": run.vocab.to_dict(), **run.progress.payload()}
     save_epoch(run.run_dir, ckpt, entry["epoch"], improved, run.cfg.train.keep_epochs, run.progress.history)
@@ -535,7 +492,7 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     metrics.jsonl)."""
     started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
     keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
-    with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (fast_paths.py)
+    with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (captioner/fast)
         run = _set_up(cfg, resume, started)
         if not run.stopped:
             for epoch in range(run.progress.epoch, cfg.train.epochs):

@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from captioner import fast_paths
+from captioner import fast
 from captioner.names import OPTIMIZERS  # named below the config, which checks train.optimizer
 
 
 def build_optimizer(name: str, params: Iterable[Any], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """``name`` in OPTIMIZERS over ``params`` (tensors or parameter-group dicts); Adam is fused when supported
-    (and the single-tensor Adam under the reference switch, captioner/fast_paths.py)."""
+    (and the single-tensor Adam under the reference switch, captioner/fast)."""
     params = list(params)
-    if name == "adam" and not fast_paths.enabled():
+    if name == "adam" and not fast.enabled():
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=False)
     if name == "adam":
         try:

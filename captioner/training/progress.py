@@ -16,7 +16,6 @@ class Progress:
 
     epoch: int = 0  # epochs completed
     step: int = 0  # batches processed (skipped ones included)
-    baseline: float | None = None  # REINFORCE moving-average reward b (hard attention), same on every rank
     history: list[dict] = field(default_factory=list)  # one metrics entry per epoch
     best: dict = field(default_factory=dict)  # {"metric", "value", "epoch"}
     bad_epochs: int = 0  # epochs since the validation metric last improved (early stopping)
@@ -26,14 +25,14 @@ class Progress:
     nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
 
     def payload(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step, "baseline": self.baseline, "elapsed_s": self.elapsed_s,
+        return {"epoch": self.epoch, "step": self.step, "elapsed_s": self.elapsed_s,
                 "run_id": self.run_id, "stop": self.stop,
                 "metrics": {"history": self.history, "best": self.best, "bad_epochs": self.bad_epochs}}
 
     @classmethod
     def from_payload(cls, payload: dict) -> "Progress":
         metrics = payload["metrics"]  # .get below: what the checkpoints of earlier versions lack
-        return cls(epoch=int(payload["epoch"]), step=int(payload["step"]), baseline=payload["baseline"],
+        return cls(epoch=int(payload["epoch"]), step=int(payload["step"]),
                    history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]),
                    elapsed_s=float(payload.get("elapsed_s", 0.0)), run_id=payload.get("run_id"),
                    stop=payload.get("stop"))

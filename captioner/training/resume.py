@@ -19,9 +19,12 @@ from pathlib import Path
 from torch import nn
 
 from captioner.config import Config, ConfigError, config_to_dict
+from captioner.store.checkpoint import load_checkpoint
+from captioner.store.hub import is_model_folder, read_model_folder
+from captioner.store.locate import load_weights, locate
 from captioner.store.rundir import RunDir
 from captioner.store.saved_config import read_saved_config
-from captioner.training.distributed import TrainingError
+from captioner.training.errors import TrainingError
 
 log = logging.getLogger(__name__)
 
@@ -72,50 +75,48 @@ def require_same_sections(saved_config: dict, cfg: Config, what: str, advice: st
 
 
 def load_init(init: str) -> dict:
-    """train.init as a checkpoint payload: a run directory (its best.pt), a checkpoint file, or a model
-    folder (a shipped model's name, or what ``captioner export`` wrote: its weights, config and vocabulary;
-    the frozen backbone is the installed one, as when it captions)."""
-    from captioner.store.checkpoint import load_checkpoint
-    from captioner.store.hub import is_model_folder, read_model_folder
-    from captioner.store.zoo import is_shipped_name, shipped_folder
-
-    folder = shipped_folder(init) if is_shipped_name(init) else Path(init) if is_model_folder(init) else None
-    if folder is None:
-        return load_checkpoint(init)
-    _, _, tensors, meta = read_model_folder(folder)
+    """train.init as a checkpoint payload, read from what ``init`` names by the rule captioning uses
+    (``store.locate.locate``): a model folder (a shipped model's name, what ``captioner export`` wrote, or a hub
+    model id ``owner/name`` in the Hugging Face cache, fetched first unless the hub is offline: its weights, config
+    and vocabulary; the frozen backbone is the installed one, as when it captions), a checkpoint file, or a run
+    directory (its best.pt, else its last.pt)."""
+    source = locate(init, prefer="best")
+    if source.kind == "checkpoint":
+        return load_checkpoint(source.path)
+    _, _, tensors, meta = read_model_folder(source.path)
     return {"config": meta["config"], "vocab": meta["vocab"], "model": tensors, "epoch": None, "folder": meta}
 
 
 def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     """Start from the weights of ``train.init`` (``load_init``), which must have been trained with the same
     data and model sections (and so the same vocabulary), except for the attention kind (INIT_MAY_DIFFER):
-    a soft model may start a hard one. The state dict is checked tensor by tensor either way."""
-    from captioner.store.checkpoint import check_state_dict
-    from captioner.store.hub import load_folder_weights
-
+    a soft model may start a hard one. The state dict is checked tensor by tensor either way (``load_weights``)."""
     changed = require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
                                      "model.attention.attention, the decoder's dropout rates and the encoder's "
                                      "finetune_blocks / update_bn_stats may differ)", may_differ=INIT_MAY_DIFFER)
-    if "folder" in payload:  # a model folder: float16 weights without the installed backbone
-        load_folder_weights(model, payload["model"], payload["folder"], cfg.train.init)
-    else:
-        check_state_dict(payload["model"], model.state_dict())
-        model.load_state_dict(payload["model"])
+    load_weights(model, payload["model"], cfg.train.init, folder=payload.get("folder"))  # a folder: its config.json
     log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
              "".join(f"; {c} (the same weights, read the new way)" for c in changed))
 
 
 def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     """The ``last.pt`` to continue from (``train.run_dir`` becomes its directory), checked against the config,
-    the run's history and the number of processes."""
-    from captioner.store.checkpoint import load_checkpoint
-
+    the run's history and the number of processes. ``resume`` is read as captioning reads a model path
+    (``store.locate.locate``), but a run folder stands for its last.pt alone, and a hub id is not looked up: a
+    model folder (shipped, exported or a hub's) holds no training state to continue, and is refused saying so."""
     if resume is None:
         return None
     require_resumable(resume)
-    resume_path = Path(resume)
-    ckpt_file = RunDir(resume_path).last if resume_path.is_dir() else resume_path
+    source = locate(resume, prefer="last", hub=False)
+    if source.kind != "checkpoint":  # without hub ids: a shipped model or a model folder
+        what = (f"the shipped model {source.path.name}" if source.kind == "shipped"
+                else f"the model folder {source.path}")
+        raise TrainingError(
+            f"--resume {resume}: {what} holds a model's weights, config and vocabulary, not the state "
+            f"of a training run (optimizer, schedule, random streams, metrics log), so there is nothing to resume. "
+            f"Start a new run from its weights: captioner train --config CONFIG --init {resume}")
+    ckpt_file = source.path
     payload = load_checkpoint(ckpt_file)
     _require_latest_state(ckpt_file, payload, resume)
     _require_same_process_count(payload, world, resume)
@@ -130,8 +131,8 @@ def require_resumable(resume: str) -> None:
     """A run folder without last.pt (a run stopped before its first epoch ended, or none ever ran there) has nothing
     to resume: refused, saying how to start it again (a new run moves the folder's files aside first)."""
     run = RunDir(resume)
-    if not run.root.is_dir() or run.last.is_file():
-        return  # a checkpoint file, or a missing path: load_checkpoint names it
+    if not run.root.is_dir() or run.last.is_file() or is_model_folder(run.root):
+        return  # a checkpoint file, a missing path or a model folder: resume_payload says what it is
     config = f"--config {run.config}" if run.config.is_file() else f"--config CONFIG --set train.run_dir={run}"
     raise TrainingError(
         f"--resume {resume}: {run} holds no {run.last.name}, so there is nothing to resume (the run stopped before "
@@ -142,8 +143,6 @@ def require_resumable(resume: str) -> None:
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
     """Refuse a checkpoint older than its run's last.pt: resuming from it would rewrite the metrics log from
     its history, losing the later epochs. The message says how to branch a copy of the run from it."""
-    from captioner.store.checkpoint import load_checkpoint
-
     latest = RunDir(ckpt_file.parent).last
     if not latest.is_file() or latest.samefile(ckpt_file):
         return
@@ -199,9 +198,4 @@ def _schedules_over_epochs(saved: dict, cfg: Config) -> str | None:
     """What in this run is scheduled over train.epochs (None: nothing)."""
     if saved.get("lr_schedule") == "cosine":
         return "the cosine learning-rate schedule"
-    gumbel = (cfg.model.attention.attention == "hard" and cfg.train.objective != "scst"
-              and cfg.train.hard.estimator == "gumbel")
-    if gumbel:
-        return ("the Gumbel-softmax temperature (train.hard.temperature down to temperature_min, "
-                "losses.gumbel_temperature: a longer run would read at a higher temperature again)")
-    return None
+    return cfg.train.objective.SPANS_EPOCHS

@@ -17,9 +17,9 @@ batch of candidates is scored with numpy sorts and searches, no Python loop over
 ``tests/test_rewards.py`` checks it against pycocoevalcap to 1e-6.
 
 For self-critical training (Rennie et al. 2017) the document frequencies come from the training
-references (as ruotianluo's ``cider_df`` does), and ``<end>`` may be scored as a word
-(``with_end=True`` appends it to the references; the sampled captions carry their own), so a
-caption cut off mid-phrase is not rewarded like a finished one.
+references (as ruotianluo's ``cider_df`` does), and ``<end>`` may be scored as a word: the SCST objective
+(training/objectives/self_critical.py, ``reward_end``) keeps it in the references it passes and in the sampled
+captions, so a caption cut off mid-phrase is not rewarded like a finished one.
 """
 
 from __future__ import annotations
@@ -92,23 +92,19 @@ class CiderD:
 
     Args:
         references: per image, its reference captions as id sequences (no <start>; an <end> only if
-            it should count as a word: see ``with_end``). Also the corpus of document frequencies.
+            it should count as a word). Also the corpus of document frequencies.
         vocab_size: ids lie in [0, vocab_size).
-        end_id: with ``with_end``, appended to every reference.
         sigma: the length penalty's width (6 in CIDEr-D).
     """
 
-    def __init__(self, references: Sequence[Sequence[Sequence[int]]], vocab_size: int,
-                 end_id: int | None = None, with_end: bool = False, sigma: float = SIGMA) -> None:
+    def __init__(self, references: Sequence[Sequence[Sequence[int]]], vocab_size: int, sigma: float = SIGMA) -> None:
         if not references or any(len(refs) == 0 for refs in references):
             raise ValueError("CiderD needs at least one image, each with at least one reference caption")
-        if with_end and end_id is None:
-            raise ValueError("with_end=True needs end_id")
         self.base = _key_base(vocab_size)
         self.sigma = sigma
         self.n_images = len(references)
         self.ref_len = float(np.log(float(self.n_images)))  # log |I|
-        flat = [list(r) + ([end_id] if with_end else []) for refs in references for r in refs]
+        flat = [list(r) for refs in references for r in refs]
         counts = np.array([len(refs) for refs in references], dtype=np.int64)
         self.ref_start = np.concatenate([[0], np.cumsum(counts)[:-1]])  # (I,) first reference of each image
         self.ref_count = counts  # (I,)

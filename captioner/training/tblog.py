@@ -1,6 +1,6 @@
 """TensorBoard logging for training runs (``train.tensorboard``): what a person watches while a run goes.
-``open_run_logs`` opens it together with Weights & Biases (``train.wandb``, captioner/training/wblog.py), which gets the
-same records.
+captioner/training/run_logs.py opens it together with Weights & Biases (``train.wandb``,
+captioner/training/wblog.py), which gets the same records.
 
 Written to RUN_DIR/tensorboard (``tensorboard --logdir runs``):
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from captioner.names import TENSORBOARD_MODES as MODES  # named below the config, which checks train.tensorboard
 from captioner.store.rundir import RunDir
+from captioner.training.errors import TrainingError
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,6 @@ class TensorBoardLog:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("epoch", "step"):
                 self.writer.add_scalar(f"epoch/{key}", value, epoch)
 
-    def images(self, model: Any, records: Sequence[Any], epoch: int) -> None:
-        """Greedy captions and attention overlays of ``records`` (ImageRecords with a readable path)."""
-        self.overlays(validation_overlays(model, records), epoch)
-
     def overlays(self, overlays: Sequence[tuple[str, np.ndarray, str]], epoch: int) -> None:
         """(name, rendered overlay (H, W, 3) uint8, caption) per validation image, logged as ``val/<name>``."""
         for name, pixels, _ in overlays:
@@ -63,69 +60,6 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def validation_overlays(model: Any, records: Sequence[Any]) -> list[tuple[str, np.ndarray, str]]:
-    """(name, pixels (H, W, 3) uint8, caption) per readable record: its greedy caption above its per-word
-    attention overlays, rendered once for every log."""
-    import matplotlib.pyplot as plt
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from captioner.data.images import ImageLoadError, load_image
-    from captioner.visualize import overlay_attention
-
-    overlays = []
-    for record in records:
-        try:
-            image = load_image(record.path)
-        except ImageLoadError as err:
-            log.warning("skipping validation image %s in the logs (%s)", record.path, err)
-            continue
-        out = model.caption([image], beam=1)[0]
-        fig = overlay_attention(image, out["words"], out["alphas"], out["grid_hw"])
-        fig.suptitle(out["caption"] or "(empty caption)")
-        canvas = FigureCanvasAgg(fig)
-        canvas.draw()
-        pixels = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
-        plt.close(fig)
-        overlays.append((Path(record.path).stem, pixels, out["caption"]))
-    return overlays
-
-
-class RunLogs:
-    """Every log a training run writes besides metrics.jsonl (TensorBoard, W&B), behind the verbs the training
-    loop (training/loop.py) calls; the validation overlays are drawn once for all of them."""
-
-    def __init__(self, logs: Sequence[Any]) -> None:
-        self.logs = list(logs)
-
-    def step(self, parts: dict[str, Any], lr: float, step: int) -> None:
-        for sink in self.logs:
-            sink.step(parts, lr, step)
-
-    def epoch(self, entry: dict[str, Any], epoch: int) -> None:
-        for sink in self.logs:
-            sink.epoch(entry, epoch)
-
-    def images(self, model: Any, records: Sequence[Any], epoch: int) -> None:
-        overlays = validation_overlays(model, records)
-        for sink in self.logs:
-            sink.overlays(overlays, epoch)
-
-    def close(self) -> None:
-        for sink in self.logs:
-            sink.close()
-
-
-def open_run_logs(run_dir: Path, tensorboard: str, wandb: str, config: dict, resumed: bool = False
-                  ) -> RunLogs | None:
-    """The run's logs per ``train.tensorboard`` and ``train.wandb`` (captioner/training/wblog.py); None when
-    neither logs."""
-    from captioner.training.wblog import open_wandb
-
-    logs = [sink for sink in (open_tensorboard(run_dir, tensorboard), open_wandb(run_dir, wandb, config, resumed))
-            if sink is not None]
-    return RunLogs(logs) if logs else None
 
 
 def open_tensorboard(run_dir: Path, mode: str) -> TensorBoardLog | None:
@@ -138,8 +72,6 @@ def open_tensorboard(run_dir: Path, mode: str) -> TensorBoardLog | None:
         import tensorboard  # noqa: F401  (torch.utils.tensorboard needs it)
     except ImportError:
         if mode == "on":
-            from captioner.training.distributed import TrainingError
-
             raise TrainingError(f"train.tensorboard=on but the tensorboard package is not installed: "
                                 f"{INSTALL_HINT}; or set train.tensorboard=off") from None
         log.info("TensorBoard logging off: the tensorboard package is not installed (%s); "

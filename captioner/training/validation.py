@@ -13,17 +13,8 @@ from torch.utils.data import DataLoader
 from captioner.config import Config
 from captioner.data.datasets import CaptionDataset, collate_captions
 from captioner.decoding.options import DecodeOptions
+from captioner.evaluation.metrics import attention_movement, attention_sharpness, caption_scores, resolve_tokenizer
 from captioner.training.losses import sequence_cross_entropy
-
-
-def score_captions(predictions: dict[str, str], references: dict[str, list[str]],
-                   meteor: bool = False) -> dict[str, float | None]:
-    """BLEU-1..4, ROUGE-L, CIDEr-D on raw references, PTB-tokenized when Java is present (as
-    ``captioner evaluate`` scores); METEOR only when asked (``train.val_metric: METEOR``): its JVM
-    start costs seconds per validation."""
-    from captioner.evaluation.metrics import caption_scores
-
-    return caption_scores(predictions, references, meteor=meteor)
 
 
 @torch.no_grad()
@@ -31,7 +22,6 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
              device: torch.device, from_images: bool, amp: Any) -> dict[str, float | None]:
     """Greedy-decode the validation images and score them (in float32, as `captioner evaluate` decodes); also the
     teacher-forced loss under ``amp``, training's mixed precision (logged only)."""
-    from captioner.evaluation.metrics import attention_movement, attention_sharpness, resolve_tokenizer
     from captioner.evaluation.split import decode_reads
 
     was_training = model.training
@@ -58,7 +48,9 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
         # captions that evaluate later scores. reads: id -> (words, alphas, cells)
         predictions, reads = decode_reads(model, batches(), options)
         references = {record.image_id: record.raw for record in decode_set.records}
-        scores = score_captions(predictions, references, meteor=cfg.train.val_metric == "METEOR")
+        # scored as `captioner evaluate` scores (raw references, PTB-tokenized when Java is present); METEOR only
+        # when it picks best.pt: its JVM start costs seconds per validation
+        scores = caption_scores(predictions, references, meteor=cfg.train.val_metric == "METEOR")
         mirror = _mirror_check(model, cfg, decode_set.records, reads, options, cached_originals=not from_images)
     finally:
         model.train(was_training)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from captioner.atomic import write_text_atomic
 from captioner.names import WANDB_MODES as MODES  # named below the config, which checks train.wandb
+from captioner.training.errors import TrainingError
 
 INSTALL_HINT = "pip install 'captioner[wandb]' (or pip install wandb)"
 RUN_ID_FILE = "wandb-run-id"
@@ -66,8 +67,6 @@ def open_wandb(run_dir: Path, mode: str, config: dict, resumed: bool = False) ->
         raise ValueError(f"train.wandb: {mode!r} is not one of {', '.join(MODES)}")
     if mode == "off":
         return None
-    from captioner.training.distributed import TrainingError
-
     try:
         import wandb
     except ImportError:

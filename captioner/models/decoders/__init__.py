@@ -5,13 +5,13 @@
     family.py                    DecoderFamilyConfig: what a family's config is (torch-free)
     show_attend_tell.py          ShowAttendTellDecoder: Xu et al. 2015's LSTM decoder, Eq. (1)-(7), plain PyTorch
                                  (the reference)
-    show_attend_tell_fast.py     FastShowAttendTellDecoder: its fast path (same state_dict), what "lstm" builds
+    show_attend_tell_fast.py     FastShowAttendTellDecoder: its fast path (same state_dict), what "lstm" builds;
+                                 its building blocks (deferred gradients, inference caches, C kernels) are
+                                 captioner/fast's
     show_attend_tell_config.py   ShowAttendTellConfig: model.decoder for kind lstm (torch-free)
-    inference_cache.py           weights restacked for decoding steps, invalidated by weight changes and optimizer
-                                 steps
     transformer.py               TransformerDecoder: masked self-attention over words, cross-attention over the grid
     transformer_config.py        TransformerConfig: model.decoder for kind transformer (torch-free)
-    registry.py                  DECODERS and REFERENCES (kind -> class), build_decoder
+    registry.py                  DECODERS (kind -> class), build_decoder
 
 This package's own module is torch-free: ``DECODER_CONFIGS`` maps ``model.decoder.kind`` to the family's config
 dataclass, which ``captioner/config.py`` reads without importing torch or the models. ``registry.DECODERS`` maps

@@ -247,11 +247,13 @@ class CaptionDecoder(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
-                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
+                temperature: float = 1.0) -> DecoderOutput:
         """Teacher-forced decoding of captions (B, T) = <start> w_1 .. w_n <end> <pad>.. with lengths (B,) = n + 2
         over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there.
         dropout_rows (B,) long: rows with the same value draw the same dropout masks (``shared_dropout``: the K
-        copies of a caption in the leave-one-out estimator, whose advantage should carry only the cells)."""
+        copies of a caption in the leave-one-out estimator, whose advantage should carry only the cells).
+        temperature: τ of hard attention's "gumbel" read (training/objectives/location.py); no other mode reads it."""
 
     @abstractmethod
     def init_state(self, grid: Tensor) -> State:

@@ -1,7 +1,8 @@
-"""The decoder classes by ``model.decoder.kind``: ``DECODERS`` (what ``api.build_model`` builds) and
-``REFERENCES`` (the plain implementation each is checked against: the reference switch, captioner/fast_paths.py,
-makes the fast ones run it). Each class names its config dataclass as ``config_class``; the kinds and the
-dataclasses are this package's ``DECODER_CONFIGS`` (torch-free), which a test holds equal to these."""
+"""The decoder classes by ``model.decoder.kind``: ``DECODERS``, what ``api.build_model`` builds. A fast path
+subclasses its family's plain implementation (FastShowAttendTellDecoder is a ShowAttendTellDecoder with the same
+weights), which the reference switch, captioner/fast, makes it run. Each class names its config dataclass as
+``config_class``; the kinds and the dataclasses are this package's ``DECODER_CONFIGS`` (torch-free), which a test
+holds equal to these."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,17 +10,12 @@ from typing import Any
 from captioner.models.decoders import family_config
 from captioner.models.decoders.contract import CaptionDecoder
 from captioner.models.decoders.family import DecoderFamilyConfig
-from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
 from captioner.models.decoders.transformer import TransformerDecoder
 
 DECODERS: dict[str, type[CaptionDecoder]] = {
     "lstm": FastShowAttendTellDecoder,
     "transformer": TransformerDecoder,
-}
-REFERENCES: dict[str, type[CaptionDecoder]] = {
-    "lstm": ShowAttendTellDecoder,
-    "transformer": TransformerDecoder,  # plain PyTorch already
 }
 
 

@@ -9,7 +9,7 @@
 This module is the reference: the equations one step at a time over the whole padded batch. What training
 and decoding run by default is its fast path, ``FastShowAttendTellDecoder`` (show_attend_tell_fast.py): the
 same parameters and state_dict, the same results to float rounding, several times faster. The reference
-switch (captioner/fast_paths.py) makes the fast path run this code, and tests/test_fast_paths.py holds the
+switch (captioner/fast) makes the fast path run this code, and tests/test_fast_paths.py holds the
 two together.
 """
 from __future__ import annotations
@@ -84,11 +84,13 @@ class ShowAttendTellDecoder(CaptionDecoder):
         mean = grid.mean(dim=1)  # (B, D)
         return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
 
-    def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None
-              ) -> tuple[State, Tensor, AttentionOutput]:
-        """One step of Eq. (1)-(6) for word embeddings emb (N, E) = E y_{t-1}. Returns (new state, beta_t z_t, read)."""
+    def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None,
+              temperature: float = 1.0) -> tuple[State, Tensor, AttentionOutput]:
+        """One step of Eq. (1)-(6) for word embeddings emb (N, E) = E y_{t-1}. Returns (new state, beta_t z_t, read).
+        ``temperature``: τ of the "gumbel" read (no other mode reads it)."""
         h, c, *memory = state
-        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic)
+        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
+                              temperature=temperature)
         z = read.context  # (N, Z): z_t, Eq. (6) (soft) or (8) (hard)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
@@ -105,7 +107,8 @@ class ShowAttendTellDecoder(CaptionDecoder):
         return self.out(self.deep_features(emb, state[0], z)), read, state  # (N, V)
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
-                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
+                temperature: float = 1.0) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch."""
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
@@ -114,7 +117,7 @@ class ShowAttendTellDecoder(CaptionDecoder):
         state = self.init_state(grid)
         features, reads = [], []
         for t in range(captions.shape[1] - 1):
-            state, z, read = self.recur(emb[:, t], state, mode, expectation_mask)
+            state, z, read = self.recur(emb[:, t], state, mode, expectation_mask, temperature)
             features.append(self.deep_features(emb[:, t], state[0], z, dropout_rows))  # (B, E)
             reads.append(read)
         return DecoderOutput.from_padded(

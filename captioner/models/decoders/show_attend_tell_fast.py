@@ -8,17 +8,17 @@ LSTM's input matmul is split the same way: its word-embedding part (plus both bi
 one matmul before the loop. Each step then makes one matmul of h_{t-1} with every weight that reads it
 (weight_hh, the scorer's query projection, the gate: see _hidden_weight), attends, adds beta_t z_t times its
 weights and does the cell's elementwise math (nn.LSTMCell's parameters and gate order i, f, g, o). Under
-autograd the per-step weights' gradients are formed once per sequence (models/deferred.py). Captions are
+autograd the per-step weights' gradients are formed once per sequence (captioner/fast/deferred.py). Captions are
 sorted by length so the recurrence runs only the captions still going at each step (the active batch
 shrinks); the output layer and the loss then run on the real steps only (DecoderOutput.packed_features),
-never on padding, as one fused function (losses.linear_token_nll).
+never on padding, as one fused function (fast/token_nll.linear_token_nll).
 
 Decoding (no autograd): a step gathers each word's share of the LSTM gates from a cached (V, 4H) table,
-multiplies by cached column-major or MKL-packed weights (inference_cache.py, deferred.StepWeight), runs the
-LSTM cell as one fused C kernel (captioner/kernels), hands the search its raw logits with L_o's bias apart
+multiplies by cached column-major or MKL-packed weights (fast/inference_cache.py, fast/deferred.StepWeight), runs the
+LSTM cell as one fused C kernel (captioner/fast/kernels), hands the search its raw logits with L_o's bias apart
 (search.Logits), and beam search may read projected values (expand_state).
 
-Every public method runs the reference's code instead under the reference switch (captioner/fast_paths.py);
+Every public method runs the reference's code instead under the reference switch (captioner/fast);
 tests/test_fast_paths.py compares the two (losses, every parameter's gradient, decoded captions).
 """
 from __future__ import annotations
@@ -29,8 +29,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from captioner import fast_paths, kernels
+from captioner import fast
 from captioner.decoding.search import Logits
+from captioner.fast import kernels
+from captioner.fast.deferred import SharedRows, StepWeight, step_weights
+from captioner.fast.inference_cache import InferenceCache, column_major
 from captioner.models.attention import AttentionOutput, SoftAttention
 from captioner.models.decoders.contract import (
     DecoderOutput,
@@ -40,9 +43,7 @@ from captioner.models.decoders.contract import (
     caption_mask,
     shared_dropout,
 )
-from captioner.models.decoders.inference_cache import InferenceCache, column_major
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
-from captioner.models.deferred import SharedRows, StepWeight, step_weights
 
 
 class ProjectedState(tuple):
@@ -66,10 +67,10 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     """ShowAttendTellDecoder's fast path (module docstring); the same arguments and state_dict."""
 
     # Whether a step without autograd runs its LSTM cell (and, with projected values, the gate and the gate sums)
-    # as one fused C kernel (captioner/kernels, float32 on the CPU); the PyTorch code in _recur_fast is what it is
+    # as one fused C kernel (captioner/fast/kernels, float32 on the CPU); the PyTorch code in _recur_fast is what it is
     # tested against (tests/test_kernels.py).
     fused_cell = True
-    # Form the LSTM weights' gradients once per sequence, not once per step (models/deferred.py); False
+    # Form the LSTM weights' gradients once per sequence, not once per step (fast/deferred.py); False
     # runs the plain per-step autograd path.
     defer_weight_grads = True
     # Beam search decodes from projected values (expand_state) when it pays: multiplying each image's L
@@ -105,7 +106,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
         beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step_with_location() reads it the same way.
         """
-        if not fast_paths.enabled():
+        if not fast.enabled():
             return super().expand_state(state, beams)
         h, c, *memory = state
         if not self.attention.grouped_queries:
@@ -140,7 +141,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         return weight, bias, A
 
     def _step_weights(self) -> _LoopWeights:
-        """The decoder's per-step weights for one sequence (deferred gradients, models/deferred.py). Without
+        """The decoder's per-step weights for one sequence (deferred gradients, fast/deferred.py). Without
         autograd they are built once per set of weights (step_with_location() runs once per word) and keep their MKL
         packings (StepWeight)."""
         if torch.is_grad_enabled():
@@ -172,8 +173,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     # ------------------------------------------------------------------ one step, the output layer
 
     def _recur_fast(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: list[Tensor], mode: str,
-                    weights: _LoopWeights, expectation_mask: Tensor | None = None, projected: bool = False
-                    ) -> tuple[Tensor, Tensor, Tensor, AttentionOutput]:
+                    weights: _LoopWeights, expectation_mask: Tensor | None = None, projected: bool = False,
+                    temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor, AttentionOutput]:
         """One step of Eq. (1)-(6) (ShowAttendTellDecoder.recur): attend with h_{t-1}, gate, LSTM. Returns
         (h, c, z, read). word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates). With
         ``projected`` the memory's values are ProjectedState's, and the returned z is already L_z z."""
@@ -185,7 +186,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         recurrent, query, gate_logit = from_h.split([4 * H, weights.query_size, from_h.shape[1] - 4 * H
                                                      - weights.query_size], dim=1)  # (N, 4H), (N, A), (N, 1 or 0)
         extra = {"projected_query": query} if weights.query_size else {}
-        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic, **extra)
+        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
+                              temperature=temperature, **extra)
         z = read.context  # (N, Z)
         fused = self.fused_cell and kernels.lstm_cell_applies(word_gates, recurrent, z, c)
         if projected and fused:  # all of the branch below and the cell in one pass (kernels.lstm_cell)
@@ -230,10 +232,12 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     # ------------------------------------------------------------------ the contract
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
-                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
+                temperature: float = 1.0) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length."""
-        if not fast_paths.enabled():
-            return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows)
+        if not fast.enabled():
+            return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows,
+                                   temperature)
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
         B, T = captions.shape
@@ -252,7 +256,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             weights.hidden.packing = weights.context.packing = longest_run >= StepWeight.PACK_MIN_RUN
         word_gates = self._word_gates(emb.index_select(0, order), weights.word)  # (B, T-1, 4H) for all steps
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
-        hs, zs, reads = self._sorted_steps(word_gates, self.init_state(grid_s), active, mode, weights, mask_s)
+        hs, zs, reads = self._sorted_steps(word_gates, self.init_state(grid_s), active, mode, weights, mask_s,
+                                           temperature)
 
         # Destination row (in the un-sorted (B*(T-1)) layout) of every packed row, time-major.
         dest = order.unsqueeze(1) * (T - 1) + torch.arange(T - 1, device=order.device)  # (B, T-1) sorted rows
@@ -282,7 +287,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             entropies=scatter([r.entropy for r in reads if r.entropy is not None]), mask=mask)
 
     def _sorted_steps(self, word_gates: Tensor, state: State, active: list[int], mode: str, weights: _LoopWeights,
-                      expectation_mask: Tensor | None) -> tuple[list[Tensor], list[Tensor], list[AttentionOutput]]:
+                      expectation_mask: Tensor | None, temperature: float = 1.0
+                      ) -> tuple[list[Tensor], list[Tensor], list[AttentionOutput]]:
         """The recurrence over captions sorted by length, step t on its active[t] captions (a prefix of the
         rows). Per-step results stay packed (time-major, active rows only): (h_t's, z_t's, reads)."""
         h, c, *memory = state
@@ -300,7 +306,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                 if expectation_mask is not None:
                     expectation_mask = expectation_mask[:n]
             gates_t = gate_steps[t] if n == B else gate_steps[t][:n]  # (n, 4H)
-            h, c, z, read = self._recur_fast(gates_t, h, c, memory, mode, weights, expectation_mask)
+            h, c, z, read = self._recur_fast(gates_t, h, c, memory, mode, weights, expectation_mask,
+                                             temperature=temperature)
             hs.append(h)
             zs.append(z)
             reads.append(read)
@@ -311,7 +318,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                generator: torch.Generator | None = None) -> SampleOutput:
         """contract.CaptionDecoder.sample, with one set of step weights for the whole sequence (deferred
         gradients) and, without autograd, projected values (expand_state)."""
-        if not fast_paths.enabled():
+        if not fast.enabled():
             return super().sample(grid, samples, start_id, end_id, max_length, attention_mode, forbid_ids, greedy,
                                   generator)
         mode = self._sample_mode(attention_mode)
@@ -332,7 +339,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                            dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
         """contract.CaptionDecoder.step_with_location; without autograd a step gathers its word gates from a table
         and hands the search L_o's bias apart (search.Logits adds it as it reads the words)."""
-        if not fast_paths.enabled():
+        if not fast.enabled():
             return super().step_with_location(tokens, state, attention_mode, dense)
         mode = attention_mode  # checked once per decode (Captioner.check_decode_options), not per step
         projected = isinstance(state, ProjectedState)

@@ -149,9 +149,11 @@ class TransformerDecoder(CaptionDecoder):
         return logits, reads[self.overlay_layer], (grid_memory, tuple(cached))
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
-                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None) -> DecoderOutput:
+                expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
+                temperature: float = 1.0) -> DecoderOutput:
         """Teacher-forced decoding (contract.CaptionDecoder.forward): every step at once under a causal mask.
-        Its attention is soft: there are no sampled copies whose masks ``dropout_rows`` would share."""
+        Its attention is soft: there are no sampled copies whose masks ``dropout_rows`` would share, and no
+        "gumbel" read whose ``temperature`` it would take."""
         if dropout_rows is not None:
             raise ValueError("the transformer decoder has no hard attention: dropout_rows is for its sampled copies")
         mask = caption_mask(captions, lengths)  # (B, S), S = T-1

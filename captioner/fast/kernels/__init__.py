@@ -10,8 +10,8 @@ so the hidden layer is never stored (scripts/bench.py's shapes, 2 threads: the s
 10,000 logits: 1.05 ms against 2.0), with the output layer's bias added as it reads. And it runs a decoding
 step's LSTM cell (lstm_cell: with projected values also the gate and the gate sums) in one pass per row
 instead of about ten ops. Whole runs, in-process A/B: training 1.04-1.09x, beam 5 1.09-1.20x, then 1.03x for
-the bias and 1.04x for the cell (docs/performance.md). The PyTorch code in scorers.py, search.py and
-models/decoders/show_attend_tell_fast.py stay the reference and the fallback, and tests/test_kernels.py compares
+the bias and 1.04x for the cell (docs/performance.md). The PyTorch code in models/scorers.py, decoding/logits.py
+and models/decoders/show_attend_tell_fast.py stay the reference and the fallback, and tests/test_kernels.py compares
 the two.
 
 The library is compiled at first use with ``$CC`` (default ``cc``) and -march=native, and cached per source,
@@ -31,7 +31,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from captioner.kernels.build import KernelUnavailable, find_compiler, load_library
+from captioner.fast.kernels.build import KernelUnavailable, find_compiler, load_library
 
 _C_INT64, _C_PTR = ctypes.c_int64, ctypes.c_void_p
 

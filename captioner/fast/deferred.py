@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from captioner import fast_paths
+from captioner import fast
 
 
 class _Record:
@@ -137,7 +137,7 @@ class StepWeight:
         # a packing kept for this row count serves at once (a decoder's packings outlive one search)
         have = self._packed is not None and self._packed[0] == rows
         if (not self.packing or (self._calls <= self.PACK_AFTER and not have) or not _mkl_packs(x, self.block)
-                or not fast_paths.enabled()):
+                or not fast.enabled()):
             return torch.mm(x, self.block.t()) if base is None else torch.addmm(base, x, self.block.t())
         if self._contiguous is None:
             self._contiguous = self.block.detach().contiguous()
@@ -167,14 +167,14 @@ def step_weights(weight: Tensor, splits: Sequence[int] | None = None, defer: boo
     """The column blocks of ``weight`` (out, in) of widths ``splits`` (default: one block), as StepWeights.
 
     With ``defer`` (and autograd recording, and the weight requiring a gradient, and no reference switch,
-    captioner/fast_paths.py) the weight's gradient is formed once after the backward pass (module docstring);
+    captioner/fast) the weight's gradient is formed once after the backward pass (module docstring);
     otherwise every addmm is a plain torch.addmm.
     """
     widths = tuple(splits) if splits is not None else (weight.shape[1],)
     if sum(widths) != weight.shape[1]:
         raise ValueError(f"splits {widths} do not add up to the weight's {weight.shape[1]} input columns")
     bounds = (0, *itertools.accumulate(widths))
-    if not (defer and torch.is_grad_enabled() and weight.requires_grad and fast_paths.enabled()):
+    if not (defer and torch.is_grad_enabled() and weight.requires_grad and fast.enabled()):
         return tuple(StepWeight(weight[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
     record = _Record(len(widths))
     blocks = _Alias.apply(weight, record, bounds)
@@ -229,8 +229,8 @@ class SharedRows:
     into one buffer instead of each step's slice backward building a zero tensor of the full size."""
 
     def __init__(self, x: Tensor) -> None:
-        fast = fast_paths.enabled() and torch.is_grad_enabled() and x.requires_grad
-        self._acc = _Accumulator() if fast else None
+        summed = fast.enabled() and torch.is_grad_enabled() and x.requires_grad
+        self._acc = _Accumulator() if summed else None
         self.x = _RowsAlias.apply(x, self._acc) if self._acc is not None else x
 
     def prefix(self, n: int) -> Tensor:

@@ -1,4 +1,4 @@
-/* Fused CPU kernels of the decoder's hot loop (captioner/kernels/__init__.py loads them).
+/* Fused CPU kernels of the decoder's hot loop (captioner/fast/kernels/__init__.py loads them).
 
    1. Additive attention scores, the f_att of Xu et al. 2015 Eq. (4):
 
