@@ -1,0 +1,121 @@
+"""Before and after a refactor: the same floats? Trains the first epoch of each named config in two checkouts of the
+project (``--before``, ``--after``: e.g. ``git worktree add /tmp/before <commit>``), and evaluates each named model
+in both, then compares every figure the two report.
+
+    python scripts/same_floats.py --before /tmp/before --after . --evaluate flickr8k flickr8k_hard \\
+        --train flickr8k_soft flickr8k_hard flickr8k_hard_gumbel_from_soft:train.init=flickr8k
+
+Each checkout runs its own code and its own copy of the config (so a renamed key is read the way that version
+reads it); ``--set`` overrides go to both sides of every run, ``CONFIG:KEY=VALUE,...`` to both sides of one.
+Trained: the first epoch's metrics line (losses, BLEU-4, CIDEr-D, every attention figure, ...: all but times and
+throughput) and the weights of last.pt, tensor by tensor. Evaluated: ``captioner evaluate --json`` on val at beam 3
+with the PTB tokenizer, key for key. Prints one line per run and exits 1 if anything differs. The runs go to
+``--out`` (default runs/same-floats), one at a time (2 cores: a training epoch of Flickr8k takes minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# figures that measure time, not the model: they differ run to run
+_TIMES = ("time", "per_s", "_s")
+
+
+def _run(tree: Path, args: list[str], log: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE", "CAPTIONER_AUTO_DEVICE": "cpu"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as out:
+        code = subprocess.call([sys.executable, "-m", "captioner", *args], cwd=tree, stdout=out,
+                               stderr=subprocess.STDOUT, env=env)
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"{tree}: captioner {' '.join(args[:3])} ... failed (exit {code}); {log}:\n{tail}")
+
+
+def _figures(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if not any(t in k for t in _TIMES)}
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Every key path where two JSON values differ (floats compared exactly). A key one side lacks where the other
+    side's value is None (a figure neither measured: e.g. the metrics line's "baseline" of runs without one, which
+    earlier versions wrote as null) is no difference."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only {'before' if k in a else 'after'}" for k in sorted(set(a) ^ set(b))
+               if {**a, **b}[k] is not None]
+        for k in sorted(set(a) & set(b)):
+            if not any(t in k for t in _TIMES):
+                out += _differences(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
+
+
+def _same_weights(before: Path, after: Path) -> list[str]:
+    import torch
+
+    a = torch.load(before, map_location="cpu", weights_only=False)["model"]
+    b = torch.load(after, map_location="cpu", weights_only=False)["model"]
+    if a.keys() != b.keys():
+        return [f"weights: the tensors differ ({sorted(set(a) ^ set(b))[:4]})"]
+    return [f"weights: {k} differs" for k in a if not torch.equal(a[k], b[k])]
+
+
+def train_first_epoch(named: str, trees: dict[str, Path], out: Path, sets: list[str]) -> list[str]:
+    config, _, own = named.partition(":")
+    sets = [*sets, *filter(None, own.split(","))]
+    runs = {}
+    for side, tree in trees.items():
+        runs[side] = out / side / config
+        flags = [arg for s in ["train.epochs=1", f"train.run_dir={runs[side]}", "train.tensorboard=off", *sets]
+                 for arg in ("--set", s)]
+        print(f"  {side}: training {config}, epoch 1 ...", flush=True)
+        _run(tree, ["train", "--config", f"configs/{config}.yaml", *flags], out / f"{side}-{config}.log")
+    entries = {side: json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) for side, run in runs.items()}
+    return (_differences(_figures(entries["before"]), _figures(entries["after"]))
+            + _same_weights(runs["before"] / "last.pt", runs["after"] / "last.pt"))
+
+
+def evaluate(model: str, trees: dict[str, Path], out: Path) -> list[str]:
+    results = {}
+    for side, tree in trees.items():
+        target = out / side / f"evaluate-{model}.json"
+        print(f"  {side}: evaluating {model} ...", flush=True)
+        _run(tree, ["evaluate", "--model", model, "--split", "val", "--beam", "3", "--tokenizer", "ptb", "--json",
+                    "--out", str(target)], out / f"{side}-evaluate-{model}.log")
+        results[side] = json.loads(target.read_text())
+    return _differences(results["before"], results["after"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="the checkout before the change")
+    parser.add_argument("--after", type=Path, default=Path("."), help="the checkout after it (default: here)")
+    parser.add_argument("--train", nargs="*", default=[], help="shipped configs whose first epoch to compare")
+    parser.add_argument("--evaluate", nargs="*", default=[], help="shipped models to evaluate on val in both")
+    parser.add_argument("--set", action="append", default=[], help="an override both sides' training takes")
+    parser.add_argument("--out", type=Path, default=Path("runs/same-floats"))
+    args = parser.parse_args(argv)
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    out = args.out.resolve()
+    failed = False
+    for kind, names, check in (("train", args.train, lambda n: train_first_epoch(n, trees, out, args.set)),
+                               ("evaluate", args.evaluate, lambda n: evaluate(n, trees, out))):
+        for name in names:
+            diffs = check(name)
+            failed |= bool(diffs)
+            print(f"{kind} {name}: " + ("identical" if not diffs else f"{len(diffs)} differences"), flush=True)
+            for line in diffs[:20]:
+                print(f"    {line}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
