@@ -11,6 +11,10 @@ Trained: the first epoch's metrics line (losses, BLEU-4, CIDEr-D, every attentio
 throughput) and the weights of last.pt, tensor by tensor. Evaluated: ``captioner evaluate --json`` on val at beam 3
 with the PTB tokenizer, key for key. Prints one line per run and exits 1 if anything differs. The runs go to
 ``--out`` (default runs/same-floats), one at a time (2 cores: a training epoch of Flickr8k takes minutes).
+
+``--bench N``: the speed, too: ``scripts/bench.py --only train,decode --configs F8K --json`` in each checkout in
+turn, N rounds (before, after, before, ...: the machine's drift touches both alike), then per rate the median of
+the N paired ratios after/before with their range. A rate, not a float to match: it reports, never fails.
 """
 
 from __future__ import annotations
@@ -27,15 +31,18 @@ from typing import Any
 _TIMES = ("time", "per_s", "_s")
 
 
-def _run(tree: Path, args: list[str], log: Path) -> None:
+def _run(tree: Path, args: list[str], log: Path, script: list[str] | None = None) -> None:
+    """``captioner ARGS`` (or ``python SCRIPT...``) in ``tree``, its output (stdout only for a script) to ``log``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE", "CAPTIONER_AUTO_DEVICE": "cpu"}
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as out:
-        code = subprocess.call([sys.executable, "-m", "captioner", *args], cwd=tree, stdout=out,
-                               stderr=subprocess.STDOUT, env=env)
+    command = [sys.executable, *script] if script else [sys.executable, "-m", "captioner", *args]
+    errors = log.with_suffix(".err") if script else log
+    with open(log, "w", encoding="utf-8") as out, open(errors, "a", encoding="utf-8") as err:
+        code = subprocess.call(command, cwd=tree, stdout=out, stderr=err if script else subprocess.STDOUT, env=env)
     if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise SystemExit(f"{tree}: captioner {' '.join(args[:3])} ... failed (exit {code}); {log}:\n{tail}")
+        tail = "\n".join(errors.read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"{tree}: {' '.join((script or ['captioner', *args])[:4])} ... failed (exit {code}); "
+                         f"{errors}:\n{tail}")
 
 
 def _figures(entry: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +101,31 @@ def evaluate(model: str, trees: dict[str, Path], out: Path) -> list[str]:
     return _differences(results["before"], results["after"])
 
 
+def _rates(result: Any, path: str = "") -> dict[str, float]:
+    """Every throughput of a bench.py result (a key ending in "per_s"), by its key path."""
+    if isinstance(result, dict):
+        return {k: v for key, value in result.items() for k, v in _rates(value, f"{path}.{key}").items()}
+    return {path: float(result)} if path.endswith("per_s") and isinstance(result, (int, float)) else {}
+
+
+def bench(trees: dict[str, Path], out: Path, rounds: int) -> None:
+    import statistics
+
+    ratios: dict[str, list[float]] = {}
+    for i in range(rounds):
+        rates = {}
+        for side, tree in trees.items():
+            log = out / f"{side}-bench-{i}.json"
+            print(f"  round {i + 1}/{rounds}: {side} ...", flush=True)
+            _run(tree, [], log, script=["scripts/bench.py", "--only", "train,decode", "--configs", "F8K", "--json"])
+            rates[side] = _rates(json.loads(log.read_text()))
+        for key in rates["before"].keys() & rates["after"].keys():
+            ratios.setdefault(key, []).append(rates["after"][key] / rates["before"][key])
+    for key, values in sorted(ratios.items()):
+        print(f"bench {key.lstrip('.')}: after/before median {statistics.median(values):.3f} "
+              f"(range {min(values):.3f}-{max(values):.3f}, {len(values)} pairs)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True, help="the checkout before the change")
@@ -101,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", nargs="*", default=[], help="shipped configs whose first epoch to compare")
     parser.add_argument("--evaluate", nargs="*", default=[], help="shipped models to evaluate on val in both")
     parser.add_argument("--set", action="append", default=[], help="an override both sides' training takes")
+    parser.add_argument("--bench", type=int, default=0, metavar="N", help="also N rounds of bench.py, alternating")
     parser.add_argument("--out", type=Path, default=Path("runs/same-floats"))
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -114,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind} {name}: " + ("identical" if not diffs else f"{len(diffs)} differences"), flush=True)
             for line in diffs[:20]:
                 print(f"    {line}")
+    if args.bench:
+        bench(trees, out, args.bench)
     return 1 if failed else 0
 
 

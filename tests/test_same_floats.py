@@ -25,3 +25,10 @@ def test_a_figure_only_one_side_reports_counts_unless_neither_measured_it():
     assert same_floats._differences({"baseline": None, "lr": 1e-3}, {"lr": 1e-3}) == []
     assert same_floats._differences({"baseline": -29.5, "lr": 1e-3}, {"lr": 1e-3}) == [".baseline: only before"]
     assert same_floats._differences({"lr": 1e-3}, {"lr": 1e-3, "xe": 2.0}) == [".xe: only after"]
+
+
+def test_the_bench_compares_every_rate_bench_py_reports():
+    result = {"matmul_gflops": 150.0, "configs": {"F8K": {"train_caps_per_s": 95.5, "decode_images_per_s": 90,
+                                                           "train_s": 3.0}}}
+    assert same_floats._rates(result) == {".configs.F8K.train_caps_per_s": 95.5,
+                                          ".configs.F8K.decode_images_per_s": 90.0}
