@@ -17,12 +17,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/captioner demo
 
+# The suite on every core: -n auto, each test file on one worker (its module fixtures built once)
 test: $(STAMP)
 	$(VENV)/bin/ruff check captioner tests scripts examples
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 bench: $(STAMP)
 	$(VENV)/bin/python scripts/bench.py
