@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from captioner.config import load_config
 from captioner.training.errors import TrainingError
-from captioner.training.loop import train
 from captioner.training.wblog import RUN_ID_FILE, open_wandb
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -42,11 +41,14 @@ def wandb_records(path: Path):
 
 
 def test_offline_run_logs_the_tensorboard_scalars_and_overlays(tmp_path):
+    """In a process of its own, as `captioner train` runs: W&B keeps process-wide state (its service, settings and
+    loggers), which a test run earlier in the same interpreter could leave changed."""
     run_dir = tmp_path / "run"
-    cfg = load_config(SMOKE, [f"data.root={tmp_path / 'data'}", f"train.run_dir={run_dir}", "train.num_threads=1",
-                              "train.epochs=2", "train.tensorboard=off", "train.wandb=offline", "train.log_every=1",
-                              "train.tensorboard_images=1"])
-    train(cfg)
+    sets = [f"data.root={tmp_path / 'data'}", f"train.run_dir={run_dir}", "train.num_threads=1", "train.epochs=2",
+            "train.tensorboard=off", "train.wandb=offline", "train.log_every=1", "train.tensorboard_images=1"]
+    proc = subprocess.run([sys.executable, "-m", "captioner", "train", "--config", str(SMOKE),
+                           *(arg for s in sets for arg in ("--set", s))], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     history, config = [], {}
     for record in wandb_records(run_file):
