@@ -61,6 +61,33 @@ def wrap_objective_loss(monkeypatch):
     return wrap
 
 
+@pytest.fixture
+def in_hub_cache():
+    """``lay(cache, repo_id, folder) -> snapshot``: ``folder`` (a model folder) laid out as huggingface_hub caches a
+    model: blobs named by content, a snapshot of links to them, refs/main."""
+
+    def lay(cache: Path, repo_id: str, folder: Path) -> Path:
+        import hashlib
+        import shutil
+
+        from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        commit = hashlib.sha1(repo_id.encode()).hexdigest()
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        (repo / "blobs").mkdir()
+        for name in (WEIGHTS_FILE, CONFIG_FILE, CARD_FILE):
+            blob = repo / "blobs" / hashlib.sha256((folder / name).read_bytes()).hexdigest()
+            shutil.copyfile(folder / name, blob)
+            (snapshot / name).symlink_to(Path("..", "..", "blobs", blob.name))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        return snapshot
+
+    return lay
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, saying so, on a machine without CUDA (they run wherever a GPU exists)."""
     import torch

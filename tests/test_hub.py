@@ -4,7 +4,6 @@ offline; a damaged file is refused by name."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -37,22 +36,6 @@ def folder(smoke_checkpoint, tmp_path_factory) -> Path:
     assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), "--format", "hub", str(out), "--dtype",
                      "float32", "--scores", str(scores), "--dataset", "shapes"]) == 0
     return out
-
-
-def _hub_cache(cache: Path, repo_id: str, folder: Path) -> Path:
-    """huggingface_hub's cache layout: blobs named by content, a snapshot of links to them, refs/main."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    commit = hashlib.sha1(repo_id.encode()).hexdigest()
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    for name in (WEIGHTS_FILE, CONFIG_FILE, CARD_FILE):
-        blob = repo / "blobs" / hashlib.sha256((folder / name).read_bytes()).hexdigest()
-        shutil.copyfile(folder / name, blob)
-        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob.name))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
 
 
 def test_export_writes_the_three_files_and_loads_back_bit_for_bit(folder, smoke_checkpoint):
@@ -114,9 +97,9 @@ def test_a_damaged_file_is_refused_by_name(folder, tmp_path):
         load_captioner(damaged)
 
 
-def test_a_hub_id_loads_from_the_local_cache_with_the_hub_offline(folder, tmp_path, monkeypatch):
+def test_a_hub_id_loads_from_the_local_cache_with_the_hub_offline(folder, tmp_path, monkeypatch, in_hub_cache):
     cache = tmp_path / "hf-cache"
-    snapshot = _hub_cache(cache, "someone/tiny-captioner", folder)
+    snapshot = in_hub_cache(cache, "someone/tiny-captioner", folder)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.chdir(tmp_path)  # "someone/tiny-captioner" is no path here
@@ -131,10 +114,10 @@ def test_a_hub_id_loads_from_the_local_cache_with_the_hub_offline(folder, tmp_pa
         load_captioner("someone/tiny-captioner")
 
 
-def test_caption_reads_a_folder_and_a_hub_id(folder, tmp_path, monkeypatch, capsys):
+def test_caption_reads_a_folder_and_a_hub_id(folder, tmp_path, monkeypatch, capsys, in_hub_cache):
     photo = tmp_path / "photo.png"
     Image.new("RGB", (64, 64), (200, 40, 40)).save(photo)
-    _hub_cache(tmp_path / "hf-cache", "someone/tiny-captioner", folder)
+    in_hub_cache(tmp_path / "hf-cache", "someone/tiny-captioner", folder)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.chdir(tmp_path)

@@ -4,9 +4,7 @@ train.init and --resume all read paths through it, and put the weights into a mo
 
 from __future__ import annotations
 
-import hashlib
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from captioner.cli import main as cli_main
 from captioner.config import load_config
 from captioner.data.vocab import Vocab
 from captioner.store.checkpoint import CheckpointError
-from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, ModelFolderError
+from captioner.store.hub import ModelFolderError
 from captioner.store.locate import Located, load_weights, locate
 from captioner.store.rundir import RunDir
 from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR
@@ -45,22 +43,6 @@ def folder(smoke_checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "tiny-captioner"
     assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), "--format", "hub", str(out)]) == 0
     return out
-
-
-def _in_hub_cache(cache: Path, repo_id: str, folder: Path) -> Path:
-    """Lay ``folder`` out as huggingface_hub caches a model: blobs, a snapshot linking to them, refs/main."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    commit = hashlib.sha1(repo_id.encode()).hexdigest()
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    for name in (WEIGHTS_FILE, CONFIG_FILE, CARD_FILE):
-        blob = repo / "blobs" / hashlib.sha256((folder / name).read_bytes()).hexdigest()
-        shutil.copyfile(folder / name, blob)
-        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob.name))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
 
 
 def _run(root: Path, *files: str) -> RunDir:
@@ -92,8 +74,8 @@ def test_a_folder_with_config_json_is_a_model_folder(folder, offline_cache):
     assert locate(str(folder), prefer="last", hub=False).kind == "folder"  # whatever a run folder would mean
 
 
-def test_an_owner_name_that_is_no_path_is_a_hub_model_in_the_cache(folder, offline_cache):
-    snapshot = _in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
+def test_an_owner_name_that_is_no_path_is_a_hub_model_in_the_cache(folder, offline_cache, in_hub_cache):
+    snapshot = in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
     assert locate("someone/tiny-captioner") == Located("hub", snapshot)
 
 
@@ -103,8 +85,8 @@ def test_a_hub_model_missing_with_the_hub_offline_names_the_id_and_how_to_fetch_
         locate("someone/absent")
 
 
-def test_without_hub_ids_an_owner_name_is_a_missing_path(folder, offline_cache):
-    _in_hub_cache(offline_cache, "someone/tiny-captioner", folder)  # there, but not looked up
+def test_without_hub_ids_an_owner_name_is_a_missing_path(folder, offline_cache, in_hub_cache):
+    in_hub_cache(offline_cache, "someone/tiny-captioner", folder)  # there, but not looked up
     with pytest.raises(CheckpointError, match="^checkpoint not found: someone/tiny-captioner$"):
         locate("someone/tiny-captioner", hub=False)
 
@@ -150,8 +132,8 @@ def test_load_weights_loads_a_state_dict_exactly_and_names_the_source_of_a_misfi
 # --------------------------------------------------------------------------- its callers
 
 
-def test_train_init_takes_a_hub_id_as_captioning_does(folder, offline_cache):
-    _in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
+def test_train_init_takes_a_hub_id_as_captioning_does(folder, offline_cache, in_hub_cache):
+    in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
     cfg = load_config(SMOKE, ["train.init=someone/tiny-captioner"])
     payload = load_init(cfg.train.init)
     model = build_model(cfg, Vocab.from_dict(payload["vocab"]))
@@ -171,7 +153,7 @@ def test_resume_refuses_a_model_folder_or_shipped_name_saying_to_start_from_it(f
             resume_payload(cfg, given, world=1)
 
 
-def test_resume_reads_no_hub_id(folder, offline_cache):
-    _in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
+def test_resume_reads_no_hub_id(folder, offline_cache, in_hub_cache):
+    in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
     with pytest.raises(CheckpointError, match="^checkpoint not found: someone/tiny-captioner$"):
         resume_payload(load_config(SMOKE), "someone/tiny-captioner", world=1)
