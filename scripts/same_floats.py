@@ -36,9 +36,10 @@ def _run(tree: Path, args: list[str], log: Path, script: list[str] | None = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE", "CAPTIONER_AUTO_DEVICE": "cpu"}
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, *script] if script else [sys.executable, "-m", "captioner", *args]
-    errors = log.with_suffix(".err") if script else log
-    with open(log, "w", encoding="utf-8") as out, open(errors, "a", encoding="utf-8") as err:
-        code = subprocess.call(command, cwd=tree, stdout=out, stderr=err if script else subprocess.STDOUT, env=env)
+    errors = log.with_suffix(".err") if script else log  # a script's stdout is its JSON: its stderr goes beside
+    with open(log, "w", encoding="utf-8") as out:
+        with open(errors, "w", encoding="utf-8") if script else out as err:
+            code = subprocess.call(command, cwd=tree, stdout=out, stderr=err, env=env)
     if code != 0:
         tail = "\n".join(errors.read_text(errors="replace").splitlines()[-15:])
         raise SystemExit(f"{tree}: {' '.join((script or ['captioner', *args])[:4])} ... failed (exit {code}); "

@@ -7,8 +7,8 @@
     self_critical.py   SelfCritical: SCST on the CIDEr-D reward (Rennie et al. 2017)
     registry.py        OBJECTIVES (kind -> class), build_objective
 
-This package's own module is torch-free: ``OBJECTIVE_CONFIGS`` maps ``train.objective.kind`` to the objective's
-config dataclass, which ``captioner/config.py`` reads without importing torch or the training code.
+This package's own module is torch-free: ``OBJECTIVE_CONFIGS`` (sections.py) maps ``train.objective.kind`` to the
+objective's config dataclass, which ``captioner/config.py`` reads without importing torch or the training code.
 ``registry.OBJECTIVES`` maps the same kinds to the classes the training loop builds (a test holds the two equal).
 Adding an objective: its section in sections.py, its class, and an entry in each table.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from captioner.training.objectives.sections import (
+    OBJECTIVE_CONFIGS,
     CrossEntropyConfig,
     GumbelConfig,
     LeaveOneOutConfig,
@@ -26,13 +27,6 @@ from captioner.training.objectives.sections import (
     SelfCriticalConfig,
 )
 
-OBJECTIVE_CONFIGS: dict[str, type[ObjectiveConfig]] = {
-    "xe": CrossEntropyConfig,
-    "reinforce": ReinforceConfig,
-    "loo": LeaveOneOutConfig,
-    "gumbel": GumbelConfig,
-    "scst": SelfCriticalConfig,
-}
 DEFAULT_OBJECTIVE = "xe"
 
 

@@ -1,6 +1,6 @@
 """What each training objective's config is: the ``train.objective`` section, one dataclass per objective (torch-free).
 
-``train.objective.kind`` picks the dataclass (``OBJECTIVE_CONFIGS`` in this package's ``__init__``), as
+``train.objective.kind`` picks the dataclass (``OBJECTIVE_CONFIGS``, at the end of this module), as
 ``model.decoder.kind`` picks a decoder family's, so a key another objective owns is an unknown key, named with
 the keys this one has. Each dataclass is a leaf: it reads its own fields and nothing else of the config. What it
 needs to know of the model is one fact, whether the attention is hard (``hard``: it has a location policy), which
@@ -39,7 +39,8 @@ class ObjectiveConfig:
     def check(self, hard: bool) -> None:
         """ValueError, naming the key, for what the tables cannot say (``hard``: the attention is hard)."""
         if self.HARD is not None and self.HARD != hard:
-            kinds = ", ".join(k for k, c in _kinds().items() if c.HARD is not False) if hard else "xe or scst"
+            fits = [kind for kind, section in OBJECTIVE_CONFIGS.items() if section.HARD in (hard, None)]
+            kinds = ", ".join(fits) if hard else " or ".join(fits)
             raise ValueError(
                 f"{PREFIX}.kind: {self.kind!r} " + ("trains hard attention's location policy, but "
                                                     "model.attention.attention is not hard" if self.HARD else
@@ -53,16 +54,6 @@ class ObjectiveConfig:
     def required(self, hard: bool) -> None:
         """ValueError for a setting this run must choose itself and left unset (a run's check, not validate's:
         a checkpoint saved before the key existed still loads for decoding)."""
-
-
-def _kinds(cls: type[ObjectiveConfig] = ObjectiveConfig) -> dict[str, type[ObjectiveConfig]]:
-    """Every section defined here by its kind, in the order they are defined (the package's OBJECTIVE_CONFIGS)."""
-    kinds = {}
-    for sub in cls.__subclasses__():
-        if sub.kind:
-            kinds[sub.kind] = sub
-        kinds.update(_kinds(sub))
-    return kinds
 
 
 @dataclass
@@ -195,3 +186,13 @@ class SelfCriticalConfig(ObjectiveConfig):
     def location_entropy_weight(self) -> float:
         """lambda_e as the loss reads it: 0 where unset (a soft model, or argmax reads)."""
         return max(self.entropy_weight, 0.0)
+
+
+# train.objective.kind -> its section (the config reads it through the package's objective_config)
+OBJECTIVE_CONFIGS: dict[str, type[ObjectiveConfig]] = {
+    "xe": CrossEntropyConfig,
+    "reinforce": ReinforceConfig,
+    "loo": LeaveOneOutConfig,
+    "gumbel": GumbelConfig,
+    "scst": SelfCriticalConfig,
+}
