@@ -18,8 +18,8 @@ from captioner.demo import sample_photo
 from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, card_metadata, card_scores, split_card
 from captioner.store.zoo import DEFAULT_MODEL, SHIPPED_DIR, ShippedModelError, scan_models
 
-PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "children", "boys", "girls",
-          "guy", "player"}
+PEOPLE = {"man", "woman", "person", "girl", "boy", "lady", "men", "women", "people", "child", "children", "boys",
+          "girls", "guy", "player"}
 ANIMALS = {"cat", "dog", "cats", "dogs", "kitten", "puppy"}
 MAX_BYTES = 25 * 1000 * 1000
 
