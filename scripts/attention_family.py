@@ -3,6 +3,7 @@
     python scripts/attention_family.py run                     # every row not yet done, then the report
     python scripts/attention_family.py run --rows soft_dot     # one row (rerun: --fresh)
     python scripts/attention_family.py speed                   # training captions/s and decoding images/s, alternating
+    python scripts/attention_family.py heads                   # what a multi-head row's heads read, apart
     python scripts/attention_family.py report                  # docs/attention-family.md's table, the JSON, the plots
     python scripts/attention_family.py pointer                 # the pointer network's sorting table
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -125,6 +127,10 @@ class Family:
     @property
     def speed_file(self) -> Path:
         return self.json_path.parent / "speed.json"
+
+    @property
+    def heads_file(self) -> Path:
+        return self.json_path.parent / "heads.json"
 
     @property
     def pointer_file(self) -> Path:
@@ -333,6 +339,81 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
             for name, t in times.items()}
 
 
+# --------------------------------------------------------------------------- what the heads read
+
+
+def head_figures(maps: "Any") -> dict[str, float]:
+    """What M heads read, apart, from their maps ``maps`` (N words, M heads, L cells; each row a distribution over a
+    square grid): how peaked one head is (α max, entropy / log L) against the mean map the table shows; how many
+    distinct cells the heads' arg-maxes hit per word (1: all heads on one cell, M: every head elsewhere) and the
+    share of words where they all agree; how much two heads' maps overlap (Σ min(α_i, α_j): 1 identical, 0
+    disjoint) against how much one head's map overlaps the uniform one (how flat the heads are: a pair of flat
+    maps overlaps much whatever they look at), and how far apart (in cells, Euclidean) two heads' arg-max cells
+    lie."""
+    import torch
+
+    N, M, L = maps.shape
+    side = round(L ** 0.5)
+    if side * side != L or M < 2:
+        raise ValueError(f"head maps of shape {tuple(maps.shape)}: need M >= 2 heads over a square grid")
+    maps = maps.double()
+    entropy = -(maps * maps.clamp_min(1e-12).log()).sum(-1) / math.log(L)  # (N, M)
+    cells = maps.argmax(-1)  # (N, M)
+    distinct = torch.tensor([len(set(row)) for row in cells.tolist()], dtype=torch.float64)
+    i, j = torch.triu_indices(M, M, offset=1)
+    overlap = torch.minimum(maps[:, i], maps[:, j]).sum(-1)  # (N, pairs)
+    rows, cols = cells // side, cells % side
+    distance = ((rows[:, i] - rows[:, j]) ** 2 + (cols[:, i] - cols[:, j]) ** 2).double().sqrt()
+    return {"words": N, "heads": M,
+            "head_alpha_max": maps.max(-1).values.mean().item(),
+            "head_alpha_entropy": entropy.mean().item(),
+            "mean_map_alpha_max": maps.mean(1).max(-1).values.mean().item(),
+            "distinct_head_cells": distinct.mean().item(),
+            "heads_agree": (distinct == 1).double().mean().item(),
+            "head_overlap": overlap.mean().item(),
+            "uniform_overlap": maps.clamp_max(1.0 / L).sum(-1).mean().item(),
+            "head_cell_distance": distance.mean().item()}
+
+
+def measure_heads(family: Family, rows: Sequence[Row], images: int = 1000, words: int = 20) -> dict[str, dict]:
+    """``head_figures`` of every finished multi-head row, over the maps of its greedy captions for the first
+    ``images`` val photos (its best.pt, at most ``words`` words; the word <end> and what follows are left out)."""
+    import torch
+
+    from captioner.api import load_model
+    from captioner.data.datasets import load_records
+    from captioner.training.inputs import open_feature_cache
+
+    figures = {}
+    for row in rows:
+        checkpoint = family.run_dir(row) / "best.pt"
+        if row.attention != "multi_head" or not checkpoint.exists():
+            continue
+        model = load_model(checkpoint, device="cpu")
+        records = load_records(model.config.data, "val")[:images]
+        cache = open_feature_cache(model.config, model, records, 0, 1)
+        maps: list = []
+        hook = model.decoder.attention.register_forward_hook(lambda _m, _i, out, into=maps: into.append(out.head_alpha))
+        kept = []
+        try:
+            with torch.no_grad():
+                grid = model.prepare_rows(torch.from_numpy(cache.get_batch([r.image_id for r in records])).float())
+                state = model.decoder.init_state(grid)
+                tokens = torch.full((grid.shape[0],), model.start_id, dtype=torch.long)
+                live = torch.ones(grid.shape[0], dtype=torch.bool)
+                for _ in range(words):
+                    log_probs, _, _, state = model.decoder.step_with_location(tokens, state, dense=True)
+                    log_probs[:, [model.pad_id, model.start_id]] = float("-inf")
+                    tokens = log_probs.argmax(-1)
+                    kept.append(live & (tokens != model.end_id))  # this step's map chose a word
+                    live = kept[-1]
+        finally:
+            hook.remove()
+        chosen = torch.cat([m[k] for m, k in zip(maps, kept)])  # (words, M, L)
+        figures[row.name] = {**head_figures(chosen), "images": len(records)}
+    return figures
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -396,6 +477,21 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
                 f"{r['parameters'] / 1e6:.2f} M | {_cell(r['alpha_max'], 3)} | {_cell(r['alpha_entropy'], 3)} | "
                 f"{_cell(r.get('alpha_saturated'), 1, True)} | {_cell(r['cells_per_caption'], 2)} | "
                 f"{_cell(r['cell_changes'], 1, True)} | {mirror} | {_minutes(r['train_wall_s'])} |")
+        lines.append("")
+    if family.heads_file.exists():
+        heads = json.loads(family.heads_file.read_text(encoding="utf-8"))["rows"]
+        labels = {r["name"]: r["label"] for r in rows}
+        lines += ["**Multi-head: what the heads read apart** (`python scripts/attention_family.py heads`: greedy "
+                  "captions of val's first photos, every word's per-head maps)", "",
+                  "| row | words | head α max | head α entropy | mean map's α max | distinct head cells per word "
+                  "| all heads on one cell | overlap of two heads | a head's overlap with uniform "
+                  "| cells between two heads' picks |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {labels.get(name, name)} | {f['words']:,} | {f['head_alpha_max']:.3f} | "
+                  f"{f['head_alpha_entropy']:.3f} | {f['mean_map_alpha_max']:.3f} | "
+                  f"{f['distinct_head_cells']:.2f} of {f['heads']} | {100 * f['heads_agree']:.1f} % | "
+                  f"{f['head_overlap']:.3f} | {f['uniform_overlap']:.3f} | {f['head_cell_distance']:.2f} |"
+                  for name, f in heads.items()]
         lines.append("")
     lines += [f"![{p.stem}]({os.path.relpath(p, family.doc.parent)})" for p in plots]
     if family.pointer_file.exists():
@@ -519,7 +615,7 @@ def _rows(names: str | None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("run", "speed", "report", "pointer", "list"))
+    parser.add_argument("phase", choices=("run", "speed", "heads", "report", "pointer", "list"))
     parser.add_argument("--rows", default=None, help="comma-separated row names (default: all; `list` names them)")
     parser.add_argument("--config", default="configs/flickr8k_soft.yaml", help="what every row shares")
     parser.add_argument("--epochs", type=int, default=2, help="the budget: training epochs per row")
@@ -532,6 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scoring", choices=("full", "quick"), default="full",
                         help="full: PTB tokenizer and METEOR, as reported; quick: neither (the tests)")
     parser.add_argument("--repeats", type=int, default=5, help="speed: rounds of the rows taking turns")
+    parser.add_argument("--head-images", type=int, default=1000, help="heads: val photos captioned")
     parser.add_argument("--pointer-steps", type=int, default=1500)
     parser.add_argument("--pointer-lengths", default="5,10,20")
     args = parser.parse_args(argv)
@@ -556,6 +653,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, f in figures.items():
             print(f"{name:<20} train {f['train_captions_per_s']:8.1f} captions/s   "
                   f"decode {f['decode_images_per_s']:7.1f} images/s")
+    elif args.phase == "heads":
+        from captioner.atomic import write_text_atomic
+
+        figures = measure_heads(family, rows, images=args.head_images)
+        write_text_atomic(family.heads_file, json.dumps({"rows": figures}, indent=2) + "\n")
+        for name, f in figures.items():
+            print(f"{name:<20} {f['heads']} heads: head α max {f['head_alpha_max']:.3f} (mean map "
+                  f"{f['mean_map_alpha_max']:.3f}), {f['distinct_head_cells']:.2f} distinct cells per word, "
+                  f"overlap {f['head_overlap']:.3f}")
     elif args.phase == "pointer":
         from captioner.atomic import write_text_atomic
 

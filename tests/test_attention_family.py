@@ -135,3 +135,50 @@ def test_the_pointer_table_trains_and_scores_each_length():
     assert [r["length"] for r in rows] == [3, 4]
     for row in rows:
         assert 0.0 <= row["exact_match"] <= 1.0 and row["train_s"] > 0 and row["steps"] == 30
+
+
+def test_head_figures_on_crafted_maps_tell_heads_on_one_cell_from_heads_apart():
+    import torch
+
+    family = _driver()
+    L, side = 16, 4
+    one_hot = torch.zeros(L)
+    one_hot[5] = 1.0
+    same = one_hot.expand(3, 2, L)  # 3 words, 2 heads, both on cell 5
+    figures = family.head_figures(same)
+    assert figures["head_overlap"] == pytest.approx(1.0) and figures["heads_agree"] == 1.0
+    assert figures["distinct_head_cells"] == 1.0 and figures["head_cell_distance"] == 0.0
+    assert figures["head_alpha_max"] == pytest.approx(1.0) and figures["head_alpha_entropy"] == pytest.approx(0.0)
+    assert figures["uniform_overlap"] == pytest.approx(1 / L)
+
+    apart = torch.zeros(1, 2, L)
+    apart[0, 0, 0] = 1.0  # cell (0, 0)
+    apart[0, 1, 3 * side + 3] = 1.0  # cell (3, 3): 3√2 cells away
+    figures = family.head_figures(apart)
+    assert figures["head_overlap"] == 0.0 and figures["heads_agree"] == 0.0 and figures["distinct_head_cells"] == 2
+    assert figures["head_cell_distance"] == pytest.approx(3 * 2 ** 0.5)
+    assert figures["mean_map_alpha_max"] == pytest.approx(0.5)
+
+    flat = torch.full((4, 3, L), 1.0 / L)
+    figures = family.head_figures(flat)
+    assert figures["head_overlap"] == pytest.approx(1.0) and figures["uniform_overlap"] == pytest.approx(1.0)
+    assert figures["head_alpha_entropy"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="square grid"):
+        family.head_figures(torch.full((2, 2, 15), 1 / 15))
+    with pytest.raises(ValueError, match="M >= 2"):
+        family.head_figures(torch.full((2, 1, 16), 1 / 16))
+
+
+@pytest.mark.slow
+def test_the_heads_phase_measures_a_trained_multi_head_row_and_reports_it(tmp_path, capsys):
+    family = _driver()
+    args = _args(tmp_path)
+    assert family.main(["run", "--rows", "multi_head_4,soft_dot", *args]) == 0
+    assert family.main(["heads", "--rows", "multi_head_4,soft_dot", "--head-images", "6", *args]) == 0
+    heads = json.loads((tmp_path / "docs" / "family" / "heads.json").read_text())["rows"]
+    assert set(heads) == {"multi_head_4"}  # a single-map row has no heads to compare
+    figures = heads["multi_head_4"]
+    assert figures["heads"] == 4 and figures["images"] == 6 and figures["words"] > 0
+    assert 1.0 <= figures["distinct_head_cells"] <= 4.0 and 0.0 <= figures["head_overlap"] <= 1.0
+    page = (tmp_path / "docs" / "family.md").read_text()
+    assert "what the heads read apart" in page and f"{figures['distinct_head_cells']:.2f} of 4" in page
