@@ -481,8 +481,9 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
     if family.heads_file.exists():
         heads = json.loads(family.heads_file.read_text(encoding="utf-8"))["rows"]
         labels = {r["name"]: r["label"] for r in rows}
+        photos = ", ".join(sorted({f"{f['images']:,}" for f in heads.values()}))
         lines += ["**Multi-head: what the heads read apart** (`python scripts/attention_family.py heads`: greedy "
-                  "captions of val's first photos, every word's per-head maps)", "",
+                  f"captions of val's first {photos} photos, every word's per-head maps)", "",
                   "| row | words | head α max | head α entropy | mean map's α max | distinct head cells per word "
                   "| all heads on one cell | overlap of two heads | a head's overlap with uniform "
                   "| cells between two heads' picks |",
