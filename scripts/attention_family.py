@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -349,15 +348,17 @@ def head_figures(maps: "Any") -> dict[str, float]:
     share of words where they all agree; how much two heads' maps overlap (Σ min(α_i, α_j): 1 identical, 0
     disjoint) against how much one head's map overlaps the uniform one (how flat the heads are: a pair of flat
     maps overlaps much whatever they look at), and how far apart (in cells, Euclidean) two heads' arg-max cells
-    lie."""
+    lie. Peakedness is the table's own (``attention_sharpness``, captioner/evaluation/metrics.py)."""
     import torch
+
+    from captioner.evaluation.metrics import attention_sharpness
 
     N, M, L = maps.shape
     side = round(L ** 0.5)
     if side * side != L or M < 2:
         raise ValueError(f"head maps of shape {tuple(maps.shape)}: need M >= 2 heads over a square grid")
     maps = maps.double()
-    entropy = -(maps * maps.clamp_min(1e-12).log()).sum(-1) / math.log(L)  # (N, M)
+    per_head = attention_sharpness([maps.reshape(N * M, L)])  # every head's map a word of its own
     cells = maps.argmax(-1)  # (N, M)
     distinct = torch.tensor([len(set(row)) for row in cells.tolist()], dtype=torch.float64)
     i, j = torch.triu_indices(M, M, offset=1)
@@ -365,9 +366,9 @@ def head_figures(maps: "Any") -> dict[str, float]:
     rows, cols = cells // side, cells % side
     distance = ((rows[:, i] - rows[:, j]) ** 2 + (cols[:, i] - cols[:, j]) ** 2).double().sqrt()
     return {"words": N, "heads": M,
-            "head_alpha_max": maps.max(-1).values.mean().item(),
-            "head_alpha_entropy": entropy.mean().item(),
-            "mean_map_alpha_max": maps.mean(1).max(-1).values.mean().item(),
+            "head_alpha_max": per_head["alpha_max"],
+            "head_alpha_entropy": per_head["alpha_entropy"],
+            "mean_map_alpha_max": attention_sharpness([maps.mean(1)])["alpha_max"],
             "distinct_head_cells": distinct.mean().item(),
             "heads_agree": (distinct == 1).double().mean().item(),
             "head_overlap": overlap.mean().item(),
