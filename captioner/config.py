@@ -77,6 +77,9 @@ class DataConfig:
     num_workers: int = 2
     max_failure_share: float = 0.05  # extraction stops when more images than this share are unreadable
     mirror: bool = False  # also train on every training photo mirrored left-right ("left"/"right" swapped)
+    # Flickr30k Entities folder (Sentences/, Annotations/) of these photos: validation and `captioner evaluate`
+    # report grounding on its boxes, and train.objective.grounding_weight supervises attention with them
+    entities: str = ""
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
 
@@ -377,6 +380,15 @@ def validate(cfg: Config) -> None:
         cfg.train.objective.check(hard_attention(cfg))  # what the objective's tables cannot say
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if cfg.train.objective.grounding_weight > 0:
+        if not cfg.data.entities:
+            raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, "
+                              "but data.entities names no folder (../shared/data/flickr8k/build_entities.sh writes "
+                              "Flickr8k's); set data.entities, or grounding_weight 0")
+        if not family.WORD_ALPHA:
+            raise ConfigError(f"train.objective.grounding_weight: the {family.kind} decoder has no per-word alpha to "
+                              "supervise (its map is one layer's cross-attention averaged over heads, not the read "
+                              "that made the word); set grounding_weight 0")
 
 
 def split_override(text: str) -> tuple[list[str], str]:

@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-root", default=None, help="override the data root stored in the checkpoint")
     parser.add_argument("--instances", default=None,
                         help="COCO instances_*.json: also report attention grounding on instance masks")
+    parser.add_argument("--entities", default=None, metavar="DIR",
+                        help="a Flickr30k Entities folder (Sentences/, Annotations/): also report attention "
+                             "grounding on its boxes, for the generated captions and the references read "
+                             "teacher-forced, beside the uniform, mean-map and centre-cell baselines "
+                             "(default: the checkpoint's data.entities, when it names one)")
     parser.add_argument("--no-cache", action="store_true",
                         help="encode every image even when the feature cache of this frozen encoder holds its grid")
     parser.add_argument("--jpeg-quality", type=int_at_least(JPEG_QUALITIES.start, JPEG_QUALITIES.stop - 1),
@@ -99,10 +104,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"captioner evaluate: {err}", file=sys.stderr)
         return 2
+    entities = None
+    entities_dir = args.entities or cfg.data.entities
+    if entities_dir:
+        from captioner.data.entities import read_entities
+        from captioner.data.records import DataError
+
+        try:
+            entities = read_entities(entities_dir, [r.image_id for r in records])
+        except DataError as err:
+            print(f"captioner evaluate: {err}", file=sys.stderr)
+            return 2
+        if not entities.images:
+            print(f"captioner evaluate: {entities_dir}: no annotation for any of the {len(records)} photos of "
+                  f"split {split!r} (is it the Flickr30k Entities folder of this data set?)", file=sys.stderr)
+            return 2
     cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records)
     result = evaluate_model(model, records, options, tokenizer=tokenizer, cache=cache,
                             batch_size=cfg.eval.batch_size, meteor=not args.no_meteor, progress=not args.json,
-                            instances=args.instances, jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check)
+                            instances=args.instances, jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check,
+                            entities=entities)
     result["split"] = split
     if ensemble:
         result["ensemble"] = model.ensemble

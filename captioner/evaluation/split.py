@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from captioner.data.datasets import MIRROR_SUFFIX
+from captioner.data.datasets import MIRROR_SUFFIX, pad_batch
 from captioner.data.images import check_jpeg_quality
 from captioner.decoding.options import DecodeOptions
 from captioner.evaluation.metrics import (
@@ -33,6 +33,7 @@ from captioner.evaluation.metrics import (
     mirror_following,
     resolve_tokenizer,
 )
+from captioner.evaluation.grounding import BoxGrounding, format_grounding
 from captioner.evaluation.score import score_rows
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
@@ -139,6 +140,7 @@ def evaluate_model(
     instances: str | None = None,
     jpeg_quality: int | None = None,
     mirror_check: bool = False,
+    entities: Any = None,
 ) -> dict:
     """Decode ``records`` (ImageRecords) and score them.
 
@@ -154,6 +156,9 @@ def evaluate_model(
     eval section; ``jpeg_quality`` is None when the images were not re-encoded).
     ``mirror_check`` also captions every photo mirrored left-right (encoded from the image) and adds
     metrics.mirror_following's figures: whether attention follows the objects or stays where it was.
+    ``entities`` (data.entities.Entities of these photos) adds ``boxes``: the grounding figures on Flickr30k
+    Entities boxes of the generated captions and of the annotated references read teacher-forced
+    (evaluation/grounding.py).
     """
     _check_reencoding(jpeg_quality, cache)
     model.eval()
@@ -165,6 +170,9 @@ def evaluate_model(
     predictions, reads = decode_reads(model, _grid_batches(model, records, batch_size, cache, bar, jpeg_quality),
                                       options, grounding)
     bar.close()
+    boxes = None
+    if entities is not None:
+        boxes = box_grounding(model, records, reads, options, entities, batch_size, cache, progress)
     mirror = {}
     if mirror_check:
         mirror = mirror_figures(model, records, reads, options, batch_size, progress, jpeg_quality,
@@ -182,6 +190,7 @@ def evaluate_model(
         "grounding": grounding.mean,
         "grounding_words": len(grounding.shares),
         "grounding_words_images": grounding.images,
+        **({"boxes": boxes} if boxes is not None else {}),
         "n_images": len(records),
         "grids": "feature cache" if cache is not None else "images",
         "jpeg_quality": jpeg_quality,
@@ -225,6 +234,47 @@ def decode_reads(model, batches: Iterator, options: DecodeOptions, grounding: _G
         if grounding is not None:
             grounding.add(record, words, alphas, best.locations)
     return predictions, reads
+
+
+def teacher_forced_mode(mode: str) -> str:
+    """How the references are read teacher-forced for the box figures: as the model decodes, except that a sampled
+    read becomes the arg-max cell (the figures should not depend on a draw)."""
+    return "argmax" if mode == "sample" else mode
+
+
+def box_grounding(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, entities: Any,
+                  batch_size: int, cache: Any = None, progress: bool = False) -> dict:
+    """The box figures (evaluation/grounding.py) of the decoded captions ``reads`` (image id -> (words, alphas,
+    cells)) and of every annotated reference of ``records``' photos read teacher-forced by ``model``."""
+    mode = teacher_forced_mode(options.attention_mode)
+    grounding = BoxGrounding(entities, model.grid_hw, one_cell=mode in ONE_CELL_MODES)
+    for image_id, (words, alphas, cells) in reads.items():
+        grounding.add_generated(image_id, words, alphas, cells if options.attention_mode in ONE_CELL_MODES else None)
+    annotated = [r for r in records if entities.get(r.image_id) is not None]
+    if hasattr(model, "decoder") and annotated:  # an ensemble has no one teacher-forced map
+        bar = tqdm(total=len(annotated), desc="read annotated references", unit="img", disable=not progress,
+                   leave=False)
+        max_length = model.config.data.max_length
+        with torch.no_grad():
+            for batch, grid in _grid_batches(model, annotated, batch_size, cache, bar):
+                photos, rows, captions = [], [], []
+                for b, record in enumerate(batch):
+                    photo = entities.get(record.image_id)
+                    for k, sentence in enumerate(photo.sentences):
+                        photos.append((photo, k))
+                        rows.append(b)
+                        captions.append(model.vocab.encode(sentence.tokens, max_length=max_length))
+                if not captions:
+                    continue
+                padded = pad_batch(grid, captions, rows, pad_id=model.vocab.pad_id)
+                grid_rows = grid.index_select(0, padded.indices.to(grid.device))  # (N, L, D)
+                out = model(grid_rows, padded.captions.to(grid.device), padded.lengths.to(grid.device),
+                            attention_mode=mode)
+                alphas = out.alphas.float().cpu().numpy()  # (N, T-1, L): row t predicts token t
+                for (photo, k), a in zip(photos, alphas):
+                    grounding.add_teacher_forced(photo, k, a)
+        bar.close()
+    return grounding.figures()
 
 
 def mirror_figures(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, batch_size: int,
@@ -285,6 +335,8 @@ def format_table(result: dict, split: str) -> str:
         if result.get("cell_changes") is not None:
             rows.append(f"{'moves':<10} {100 * result['cell_changes']:6.1f}  (% of consecutive words whose cell "
                         f"changes)")
+    if result.get("boxes"):
+        rows += format_grounding(result["boxes"])
     return "\n".join(rows + _mirror_rows(result))
 
 

@@ -168,7 +168,7 @@ def _train_step(run: "_Run", objective: Objective, batch: Any) -> LossOutput | N
     are untouched)."""
     t, progress, optimizer, scaler = run.cfg.train, run.progress, run.optimizer, run.scaler
     with run.amp():
-        res = objective.loss(run.forward, batch)
+        res = objective.total_loss(run.forward, batch)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(res.loss).backward()
     scaler.unscale_(optimizer)
@@ -534,5 +534,7 @@ def _summary(entry: dict, metric: str, improved: bool) -> str:
             f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
             + (f"mirror {fmt('mirror_follow')}  columns mirror {fmt('columns_mirror')} stay {fmt('columns_stay')}  "
                if "mirror_words" in entry else "")
+            + (f"pointing {fmt('pointing')} (centre {fmt('centre_pointing')}) inside {fmt('inside')}  "
+               if "pointing" in entry else "")
             + f"({entry['time_s']:.0f}s)"
             + (f"  best {metric}" if improved else ""))

@@ -86,6 +86,25 @@ def attention_entropy(alphas: Tensor, mask: Tensor, weight: Tensor | None = None
     return (h * m).sum() / m.sum().clamp(min=1.0)
 
 
+def attention_supervision_loss(alphas: Tensor, target_maps: Tensor, supervised: Tensor) -> tuple[Tensor, Tensor]:
+    """Liu et al. (AAAI 2017)'s strong supervision of attention: at every supervised step, the cross-entropy
+    -Σ_l p_l log α_l between the word's box map p (its boxes' cell fractions, normalised over the grid) and α.
+
+    Args:
+        alphas: (N, T, L) the maps of the steps (for hard attention, the location distribution it samples from).
+        target_maps: (N, T, L) p, each supervised row summing to 1 (others ignored).
+        supervised: (N, T) bool: the steps whose word lies in a boxed phrase (and is a real step).
+
+    Returns:
+        (the sum of the cross-entropies, the number of supervised steps): the caller divides by its real target
+        words, the per-word scale of every term here (docs/losses.md).
+    """
+    a = _at_least_float32(alphas)
+    ce = -(target_maps.to(a.dtype) * torch.log(a.clamp(min=1e-12))).sum(-1)  # (N, T)
+    m = supervised.to(a.dtype)
+    return (ce * m).sum(), m.sum()
+
+
 def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0, alpha_entropy: float = 0.0) -> LossOutput:
     """Soft (deterministic) attention, Eq. (14). ``output`` is a DecoderOutput, targets = captions[:, 1:].
 

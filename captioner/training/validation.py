@@ -52,6 +52,7 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
         # when it picks best.pt: its JVM start costs seconds per validation
         scores = caption_scores(predictions, references, meteor=cfg.train.val_metric == "METEOR")
         mirror = _mirror_check(model, cfg, decode_set.records, reads, options, cached_originals=not from_images)
+        boxes = _box_figures(model, cfg, decode_set.records, reads, options)
     finally:
         model.train(was_training)
     result: dict[str, Any] = {"val_loss": total / max(count, 1)}
@@ -61,7 +62,26 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
                    "alpha_saturated": sharp["alpha_saturated"],
                    **attention_movement([cells for _, _, cells in reads.values()]), **mirror,
                    "tokenizer": resolve_tokenizer("auto")})
+    result.update(boxes)
     return result
+
+
+def _box_figures(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions) -> dict:
+    """With ``data.entities``, the box figures of the greedy captions (evaluation/grounding.py): ``pointing``,
+    ``inside`` and the ``centre_pointing`` baseline on the same words; else nothing."""
+    if not cfg.data.entities or not reads:
+        return {}
+    from captioner.data.entities import read_entities
+    from captioner.evaluation.grounding import BoxGrounding
+    from captioner.models.attention import ONE_CELL_MODES
+
+    one_cell = options.attention_mode in ONE_CELL_MODES
+    grounding = BoxGrounding(read_entities(cfg.data.entities, list(reads)), model.grid_hw, one_cell=one_cell)
+    for image_id, (words, alphas, cells) in reads.items():
+        grounding.add_generated(image_id, words, alphas, cells if one_cell else None)
+    g = grounding.generated.figures()
+    return {"pointing": g["pointing"], "inside": g["inside"], "centre_pointing": g["centre_pointing"],
+            "grounded_words": g["words"]}
 
 
 def _mirror_check(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions,

@@ -33,6 +33,9 @@ class DecoderFamilyConfig:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}  # field -> allowed values
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # fields that must be > 0
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()  # fields in [0, 1]
+    # each word's alpha is the distribution its context was read from (what train.objective.grounding_weight
+    # supervises); False where the per-word map is only a summary of other reads (a Transformer layer's heads)
+    WORD_ALPHA: ClassVar[bool] = True
 
     def check(self, attention: Any) -> None:
         """ValueError, naming the key path, for a combination this family cannot build that the tables above

@@ -37,6 +37,8 @@ class TransformerConfig(DecoderFamilyConfig):
     overlay_layer: int = -1  # the layer whose cross-attention the overlays show (-1: the last)
 
     ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ("heads",)
+    # its per-word map is one layer's cross-attention averaged over heads, not the read that made the word
+    WORD_ALPHA: ClassVar[bool] = False
     POSITIVE: ClassVar[tuple[str, ...]] = ("embed_dim", "hidden_dim", "layers")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
 

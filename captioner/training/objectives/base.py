@@ -9,11 +9,13 @@ every checkpoint and restored on resume; what it adds to an epoch's metrics line
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 
-from captioner.training.losses import LossOutput
+from captioner.training.losses import LossOutput, attention_supervision_loss
 
 
 @dataclass
@@ -26,6 +28,88 @@ class Needs:
     hard: bool  # the attention is hard: it has a location policy (config.hard_attention)
     epochs: int  # train.epochs: what a schedule over the run spans
     eval_batch_size: int  # eval.batch_size: images per batch where an objective decodes for its figures
+    box_targets: "BoxTargets | None" = None  # train.objective.grounding_weight > 0: each boxed word's box map
+
+
+class BoxTargets:
+    """Per training image, the box map of each word that names a boxed phrase (Flickr30k Entities): what
+    ``train.objective.grounding_weight`` pulls that word's alpha towards (losses.attention_supervision_loss).
+
+    A caption word is supervised when its lemma equals the head noun (last word) of a boxed phrase of any of the
+    photo's annotated captions; its map is the union of the boxes of every chain such a phrase names
+    (data.entities.EntityImage.boxed_heads), as cell fractions normalised over the grid. Looking words up rather
+    than aligning phrases serves every caption alike: the references of xe, reinforce, loo and gumbel, and SCST's
+    teacher-forced reference. A mirrored training copy (data.mirror) gets the map flipped left-right.
+
+    Args:
+        records: the training records, in the dataset's order (batch.indices index them).
+        entities: their annotations (data.entities.read_entities).
+        vocab: the model's vocabulary.
+        grid_hw: (H, W) of the attention grid.
+    """
+
+    def __init__(self, records: Sequence[Any], entities: Any, vocab: Any, grid_hw: tuple[int, int]) -> None:
+        from captioner.data.entities import box_fractions, lemma
+
+        H, W = grid_hw
+        self.vocab_size = V = len(vocab)
+        ids_of: dict[str, list[int]] = {}
+        for word_id in range(V):
+            ids_of.setdefault(lemma(vocab.words[word_id]), []).append(word_id)
+        keys, maps = [], []
+        self.images = 0
+        for index, record in enumerate(records):
+            photo = entities.get(record.image_id)
+            if photo is None:
+                continue
+            self.images += 1
+            for head, (boxes, _) in photo.boxed_heads().items():
+                f = box_fractions(boxes, grid_hw)
+                if f.sum() <= 0 or head not in ids_of:
+                    continue
+                if record.mirrored:
+                    f = f.reshape(H, W)[:, ::-1].reshape(H * W)
+                for word_id in ids_of[head]:
+                    keys.append(index * V + word_id)
+                    maps.append(f / f.sum())
+        order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
+        self.keys = torch.from_numpy(np.asarray(keys, dtype=np.int64)[order])  # (K,) sorted image * V + word
+        self.maps = torch.from_numpy(np.asarray(maps, dtype=np.float32).reshape(-1, H * W)[order])  # (K, L)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return int(self.keys.numel())
+
+    def lookup(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, T, L) box maps and (N, T) bool hits for ``tokens`` (N, T) of captions of ``images`` (N,) (record
+        indices), on ``tokens``' device."""
+        device = tokens.device
+        if device not in self._on:
+            self._on[device] = (self.keys.to(device), self.maps.to(device))
+        keys, maps = self._on[device]
+        if keys.numel() == 0:
+            return tokens.new_zeros((*tokens.shape, self.maps.shape[1]), dtype=torch.float32), torch.zeros_like(
+                tokens, dtype=torch.bool)
+        query = images.to(device).long().unsqueeze(1) * self.vocab_size + tokens.long()  # (N, T)
+        pos = torch.searchsorted(keys, query).clamp(max=keys.numel() - 1)  # (N, T)
+        hit = keys[pos] == query
+        return maps[pos] * hit.unsqueeze(-1), hit  # (N, T, L), (N, T)
+
+
+class _TeacherForcedReads:
+    """The training forward, noting each teacher-forced call's output, captions and rows (what the grounding term
+    reads); sampling calls (SCST's) pass through."""
+
+    def __init__(self, forward: nn.Module) -> None:
+        self.forward = forward
+        self.calls: list[tuple[Any, torch.Tensor, torch.Tensor | None]] = []
+
+    def __call__(self, inputs: torch.Tensor, captions: torch.Tensor | None = None,
+                 lengths: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        out = self.forward(inputs, captions, lengths, **kwargs)
+        if kwargs.get("sample") is None and captions is not None:
+            self.calls.append((out, captions, kwargs.get("rows")))
+        return out
 
 
 class Objective:
@@ -37,10 +121,35 @@ class Objective:
 
     def __init__(self, section: Any, needs: Needs) -> None:
         self.section = section
+        self.box_targets = needs.box_targets if section.grounding_weight > 0 else None
 
     def loss(self, forward: nn.Module, batch: Any) -> LossOutput:
         """One batch's objective. ``forward`` is the training loop's _TrainForward (DDP-wrapped or not)."""
         raise NotImplementedError
+
+    def total_loss(self, forward: nn.Module, batch: Any) -> LossOutput:
+        """``loss`` plus, with ``grounding_weight``, the supervised-attention term on the alphas of every caption
+        the objective read teacher-forced (losses.attention_supervision_loss), per real target word of those
+        captions; ``parts["grounding"]`` is its mean per supervised word. What the training loop calls."""
+        if self.box_targets is None:
+            return self.loss(forward, batch)
+        reads = _TeacherForcedReads(forward)
+        res = self.loss(reads, batch)
+        if not reads.calls:
+            raise RuntimeError(f"train.objective.grounding_weight: the {self.section.kind!r} objective read no "
+                               "caption teacher-forced, so no alpha could be supervised")
+        total = count = words = 0
+        for out, captions, rows in reads.calls:
+            images = batch.indices if rows is None else batch.indices.index_select(0, rows.cpu())
+            targets = captions[:, 1:]  # (N, T-1): step t predicts token t + 1
+            maps, hit = self.box_targets.lookup(images, targets)
+            ce_sum, n = attention_supervision_loss(out.alphas, maps, hit & out.mask)
+            total, count, words = total + ce_sum, count + n, words + out.mask.sum()
+        term = total / words.clamp(min=1)
+        parts = {**res.parts, "grounding": (total / count.clamp(min=1)).detach(),
+                 "grounded_words": (count / words.clamp(min=1)).detach()}
+        return LossOutput(loss=res.loss + self.section.grounding_weight * term, parts=parts,
+                          reward_sum=res.reward_sum, reward_count=res.reward_count)
 
     def after_step(self, mean_reward: float | None) -> None:
         """The step was taken; ``mean_reward``: the batch's mean reward over every rank (None: the loss had none)."""

@@ -6,15 +6,18 @@ sections the config reads.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from torch import nn
 
 from captioner.config import Config, ConfigError, hard_attention
-from captioner.training.objectives.base import Needs, Objective
+from captioner.training.objectives.base import BoxTargets, Needs, Objective
 from captioner.training.objectives.cross_entropy import CrossEntropy
 from captioner.training.objectives.location import Gumbel, LeaveOneOut, Reinforce
 from captioner.training.objectives.self_critical import SelfCritical
+
+log = logging.getLogger(__name__)
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "xe": CrossEntropy,
@@ -23,6 +26,20 @@ OBJECTIVES: dict[str, type[Objective]] = {
     "gumbel": Gumbel,
     "scst": SelfCritical,
 }
+
+
+def box_targets(cfg: Config, model: nn.Module, train_set: Any) -> BoxTargets:
+    """The box maps that ``train.objective.grounding_weight`` supervises, from ``data.entities``; refused when no
+    training photo has an annotation or no caption word names a boxed phrase."""
+    from captioner.data.entities import read_entities
+
+    entities = read_entities(cfg.data.entities, [r.image_id for r in train_set.records])
+    targets = BoxTargets(train_set.records, entities, model.vocab, model.grid_hw)
+    if not len(targets):
+        raise ConfigError(f"train.objective.grounding_weight: no word of the training captions names a boxed phrase "
+                          f"in {cfg.data.entities} ({entities.summary()}): is it these photos' Flickr30k Entities?")
+    log.info("supervised attention: %s; %d (image, word) box maps", entities.summary(), len(targets))
+    return targets
 
 
 def build_objective(cfg: Config, model: nn.Module, train_set: Any, from_images: bool) -> Objective:
@@ -35,5 +52,6 @@ def build_objective(cfg: Config, model: nn.Module, train_set: Any, from_images: 
     except ValueError as err:
         raise ConfigError(str(err)) from None
     needs = Needs(model=model, train_set=train_set, from_images=from_images, hard=hard_attention(cfg),
-                  epochs=cfg.train.epochs, eval_batch_size=cfg.eval.batch_size)
+                  epochs=cfg.train.epochs, eval_batch_size=cfg.eval.batch_size,
+                  box_targets=box_targets(cfg, model, train_set) if section.grounding_weight > 0 else None)
     return OBJECTIVES[section.kind](section, needs)

@@ -27,11 +27,14 @@ class ObjectiveConfig:
     """The ``train.objective`` section of one objective. Subclasses set ``kind``'s default to their key."""
 
     kind: str = ""
+    # Liu et al. (AAAI 2017)'s strong supervision: weight of the cross-entropy between each boxed word's box map
+    # (Flickr30k Entities, data.entities) and its alpha, per supervised word (losses.attention_supervision_loss)
+    grounding_weight: float = 0.0
     # True: trains hard attention only (its location policy); False: never hard attention; None: either
     HARD: ClassVar[bool | None] = None
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
     POSITIVE: ClassVar[tuple[str, ...]] = ()
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("grounding_weight",)
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()
     # what this objective schedules over train.epochs (None: nothing): a resume may not change train.epochs then
     SPANS_EPOCHS: ClassVar[str | None] = None
@@ -67,7 +70,7 @@ class CrossEntropyConfig(ObjectiveConfig):
     alpha_entropy: float = 0.0
 
     HARD: ClassVar[bool | None] = False
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "grounding_weight")
 
 
 @dataclass
@@ -91,7 +94,8 @@ class ReinforceConfig(_LocationPolicyConfig):
     entropy_weight: float = 0.01  # lambda_e
     baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * log p(y | s, a)
 
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
+                                               "grounding_weight")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("expectation_prob", "baseline_decay")
 
 
@@ -105,7 +109,8 @@ class LeaveOneOutConfig(_LocationPolicyConfig):
     samples: int = 4  # location paths sampled per caption (K)
     reward_discount: float = 1.0  # delta of the reward to go (1: unbiased)
 
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
+                                               "grounding_weight")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("expectation_prob", "reward_discount")
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
 
@@ -160,7 +165,7 @@ class SelfCriticalConfig(ObjectiveConfig):
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"baseline": SCST_BASELINES,
                                                      "attention_mode": ("sample", "argmax")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight", "grounding_weight")
 
     def check(self, hard: bool) -> None:
         if self.baseline == "mean" and self.samples < 2:

@@ -74,9 +74,11 @@ class SelfCritical(Objective):
         res = scst_loss(out, rewards, baselines, entropy_weight=self.entropy_weight)
         if greedy is not None:
             res.parts["greedy_reward"] = greedy.mean()
-        if s.xe_weight:
+        if s.xe_weight or s.grounding_weight:  # the grounding term supervises this teacher-forced reference's alpha
             xe = self.cross_entropy(forward, batch)
-            res = LossOutput(loss=res.loss + s.xe_weight * xe, parts={**res.parts, "xe": xe.detach()})
+            res = LossOutput(loss=res.loss + s.xe_weight * xe if s.xe_weight else res.loss,
+                             parts={**res.parts, "xe": xe.detach()}, reward_sum=res.reward_sum,
+                             reward_count=res.reward_count)
         return res
 
     def cross_entropy(self, forward: nn.Module, batch: Any) -> torch.Tensor:

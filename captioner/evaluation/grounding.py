@@ -1,0 +1,193 @@
+"""Grounding on real boxes (Flickr30k Entities, captioner/data/entities.py): does a word's attention land on what
+the word names?
+
+Per scored word the data give ``f`` (L,), the share of each grid cell's area inside the boxes the word's phrase
+names (entities.box_fractions), and the model gives its map ``a`` (L,) (alpha; in hard attention's one-cell modes
+the one-hot of the cell read, since the word saw that cell only). The figures, each a mean over words:
+
+- ``inside``: Σ_l a_l f_l, the attention weight inside the boxes: Liu et al. (AAAI 2017)'s "attention
+  correctness", on a grid;
+- ``pointing``: the share of words whose peak cell (arg-max of ``a``: for hard attention the cell read) lies
+  mostly inside the boxes (f >= 0.5);
+
+and beside them, on the same words, three baselines that need no model to look at the photo:
+
+- ``uniform``: the inside figure of the uniform map, mean(f): the boxes' area share;
+- ``mean_map`` / ``mean_map_pointing``: the inside and pointing figures of the model's own mean map over every word
+  it attended for (of every caption, scored or not): what a map that ignores the word gets;
+- ``centre_pointing``: the share of words whose box holds the centre cell (row H // 2, column W // 2):
+  photographers centre their subjects, so this is the baseline that pointing has to beat.
+
+Two settings choose the words:
+
+- ``teacher_forced`` (Liu et al.'s): the model reads each annotated reference caption; every boxed phrase counts
+  once, at its head noun (its last word), with its own chain's boxes;
+- ``generated``: the model's own caption; a word counts when its lemma equals the head noun of a boxed phrase of
+  any of the photo's references, and its boxes are those of every chain such a phrase names.
+
+Each figure is also given per phrase type (people, animals, clothing, body parts, scene, vehicles, other), the
+first type a phrase lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from captioner.data.entities import ROWS, Entities, EntityImage, box_fractions, lemma
+
+FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
+MOSTLY_INSIDE = 0.5  # a cell "lies in the boxes" when at least half its area does
+
+
+def centre_cell(grid_hw: tuple[int, int]) -> int:
+    """The flat index of the grid's centre cell (row H // 2, column W // 2)."""
+    H, W = grid_hw
+    return (H // 2) * W + W // 2
+
+
+@dataclass
+class GroundingTally:
+    """Scored words (their map, their boxes' cell fractions and row) and the sum of every attended word's map."""
+
+    grid_hw: tuple[int, int]
+    maps: list[np.ndarray] = field(default_factory=list)
+    fractions: list[np.ndarray] = field(default_factory=list)
+    rows: list[str] = field(default_factory=list)
+    map_sum: np.ndarray | None = None  # (L,) over every attended word, scored or not
+    map_count: int = 0
+    photos: int = 0  # photos with at least one scored word
+
+    def attended(self, maps: np.ndarray) -> None:
+        """Every word's map (n, L) of one caption: what the mean-map baseline averages."""
+        maps = np.asarray(maps, dtype=np.float64).reshape(-1, self.grid_hw[0] * self.grid_hw[1])
+        total = maps.sum(0)
+        self.map_sum = total if self.map_sum is None else self.map_sum + total
+        self.map_count += maps.shape[0]
+
+    def add(self, a: np.ndarray, fraction: np.ndarray, row: str) -> None:
+        self.maps.append(np.asarray(a, dtype=np.float64))
+        self.fractions.append(fraction)
+        self.rows.append(row)
+
+    def figures(self) -> dict[str, Any]:
+        """{"words", every FIGURES value, "by_type": {row: {"words", FIGURES...}}}; figures None without words."""
+        if not self.maps:
+            return {"words": 0, "photos": 0, **{k: None for k in FIGURES}, "by_type": {}}
+        a = np.stack(self.maps)  # (N, L)
+        a = a / np.clip(a.sum(1, keepdims=True), 1e-12, None)
+        f = np.stack(self.fractions)  # (N, L)
+        mean_map = self.map_sum / max(self.map_sum.sum(), 1e-12)  # (L,)
+        rows = np.asarray(self.rows)
+        per_word = {
+            "inside": (a * f).sum(1),
+            "uniform": f.mean(1),
+            "mean_map": f @ mean_map,
+            "pointing": f[np.arange(len(f)), a.argmax(1)] >= MOSTLY_INSIDE,
+            "mean_map_pointing": f[:, int(mean_map.argmax())] >= MOSTLY_INSIDE,
+            "centre_pointing": f[:, centre_cell(self.grid_hw)] >= MOSTLY_INSIDE,
+        }
+
+        def summary(keep: np.ndarray) -> dict[str, Any]:
+            return {"words": int(keep.sum()), **{k: float(np.mean(v[keep])) for k, v in per_word.items()}}
+
+        out = {**summary(np.ones(len(f), dtype=bool)), "photos": self.photos}
+        out["by_type"] = {row: summary(rows == row) for row in ROWS if (rows == row).any()}
+        return out
+
+
+def _one_cell(alphas: np.ndarray, locations: Sequence[int] | None) -> np.ndarray:
+    """(n, L): one-hot rows of the cells read (``locations``) or, where none are given, of alpha's arg-max."""
+    cells = np.asarray(locations if locations is not None else alphas.argmax(1), dtype=np.int64)[: len(alphas)]
+    out = np.zeros_like(alphas, dtype=np.float64)
+    out[np.arange(len(cells)), cells] = 1.0
+    return out
+
+
+class BoxGrounding:
+    """The box figures of one evaluation, generated and teacher-forced, filled caption by caption.
+
+    Args:
+        entities: the annotations of the photos evaluated (data.entities.read_entities).
+        grid_hw: (H, W) of the attention grid.
+        one_cell: the maps scored are the cells read (hard attention's one-cell decoding), not alpha.
+    """
+
+    def __init__(self, entities: Entities, grid_hw: tuple[int, int], one_cell: bool = False) -> None:
+        self.entities = entities
+        self.grid_hw = grid_hw
+        self.one_cell = one_cell
+        self.generated = GroundingTally(grid_hw)
+        self.teacher_forced = GroundingTally(grid_hw)
+        self._heads: dict[str, dict[str, tuple[np.ndarray, str]]] = {}
+        self.without_annotation = 0
+
+    def heads(self, photo: EntityImage) -> dict[str, tuple[np.ndarray, str]]:
+        """lemma -> (cell fractions of its boxes, row), per photo, computed once."""
+        if photo.image_id not in self._heads:
+            self._heads[photo.image_id] = {key: (box_fractions(boxes, self.grid_hw), row)
+                                           for key, (boxes, row) in photo.boxed_heads().items()}
+        return self._heads[photo.image_id]
+
+    def add_generated(self, image_id: str, words: Sequence[str], alphas: np.ndarray,
+                      locations: Sequence[int] | None = None) -> None:
+        """One generated caption: ``alphas`` (n_words, L) of the steps that produced ``words``; ``locations``:
+        the cells read (hard attention's one-cell decoding)."""
+        photo = self.entities.get(image_id)
+        if photo is None:
+            self.without_annotation += 1
+            return
+        alphas = np.asarray(alphas, dtype=np.float64)[: len(words)]
+        maps = _one_cell(alphas, locations) if self.one_cell or locations is not None else alphas
+        self.generated.attended(maps)
+        heads = self.heads(photo)
+        scored = 0
+        for i, word in enumerate(words):
+            hit = heads.get(lemma(word))
+            if hit is not None and hit[0].sum() > 0:
+                self.generated.add(maps[i], hit[0], hit[1])
+                scored += 1
+        self.generated.photos += scored > 0
+
+    def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray) -> None:
+        """One annotated reference read by the model: ``alphas`` (n_tokens, L), row t the map of the step that
+        predicts token t. Every boxed phrase is scored at its head noun with its own chain's boxes."""
+        sentence = photo.sentences[sentence_index]
+        alphas = np.asarray(alphas, dtype=np.float64)[: len(sentence.tokens)]
+        maps = _one_cell(alphas, None) if self.one_cell else alphas
+        self.teacher_forced.attended(maps)
+        scored = 0
+        for phrase in sentence.phrases:
+            boxes = photo.phrase_boxes(phrase)
+            if not boxes or phrase.head >= len(maps):
+                continue
+            self.teacher_forced.add(maps[phrase.head], box_fractions(boxes, self.grid_hw), phrase.row)
+            scored += 1
+        self.teacher_forced.photos += scored > 0
+
+    def figures(self) -> dict[str, Any]:
+        return {"generated": self.generated.figures(), "teacher_forced": self.teacher_forced.figures(),
+                "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
+                "source": str(self.entities.folder)}
+
+
+def format_grounding(figures: dict[str, Any]) -> list[str]:
+    """The box-grounding lines of an evaluation table."""
+    rows = [f"boxes      Flickr30k Entities, {figures['photos']} photos"
+            + (f" ({figures['photos_without_annotation']} without annotation, skipped)"
+               if figures["photos_without_annotation"] else "")
+            + "; % of words, mean over words; baselines on the same words"]
+    head = f"{'':<16}{'words':>7} {'inside':>7} {'unif.':>6} {'mean':>6} | {'point':>6} {'mean':>6} {'centre':>7}"
+    rows.append(head)
+    for setting in ("generated", "teacher_forced"):
+        g = figures.get(setting)
+        if not g or not g["words"]:
+            rows.append(f"{setting.replace('_', '-'):<16} no word matched a boxed phrase")
+            continue
+        for label, f in [(setting.replace("_", "-"), g)] + [(f"  {row}", v) for row, v in g["by_type"].items()]:
+            rows.append(f"{label:<16}{f['words']:>7} {f['inside']:7.3f} {f['uniform']:6.3f} {f['mean_map']:6.3f} | "
+                        f"{100 * f['pointing']:5.1f}% {100 * f['mean_map_pointing']:5.1f}% "
+                        f"{100 * f['centre_pointing']:6.1f}%")
+    return rows

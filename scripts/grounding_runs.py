@@ -1,0 +1,145 @@
+"""The runs of issue 52 (attention measured on Flickr30k Entities boxes, and supervised with them), one after another,
+resumable: a finished step is skipped, an interrupted training resumes from its last.pt.
+
+    python scripts/grounding_runs.py run [--only NAME ...]   # train and evaluate what is not done yet
+    python scripts/grounding_runs.py list                     # the steps and whether each is done
+
+Each row is trained with `captioner train` and evaluated with
+`captioner evaluate --split val --beam 3 --mirror-check --entities data/flickr8k/flickr30k_entities --json`;
+its figures, commands and wall times go to docs/grounding/rows/NAME.json (docs/grounding.md is written from them).
+
+The weight sweep trains configs/flickr8k_soft.yaml for 2 epochs (the attention family's budget) at
+grounding_weight 0 (the control), 0.3, 1 and 3. The weight for the full recipe is then chosen by one rule, stated
+before the sweep ran: the largest pointing figure among the weights whose val CIDEr-D is at most 1 below the
+control's (ties: the smaller weight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "docs" / "grounding" / "rows"
+ENTITIES = "data/flickr8k/flickr30k_entities"
+CAPTIONER = [sys.executable, "-m", "captioner"]
+SWEEP = (0.0, 0.3, 1.0, 3.0)
+
+
+def sweep_name(weight: float) -> str:
+    return f"sweep_w{weight:g}"
+
+
+def chosen_weight() -> float | None:
+    """The sweep's rule (module docstring), once every sweep row is done; None before."""
+    rows = {w: _read(sweep_name(w)) for w in SWEEP}
+    if any(r is None for r in rows.values()):
+        return None
+    control = rows[0.0]["scores"]["CIDEr-D"]
+    fit = [(r["boxes"]["generated"]["pointing"], -w, w) for w, r in rows.items()
+           if w > 0 and r["scores"]["CIDEr-D"] >= control - 1.0]
+    return max(fit)[2] if fit else min(w for w in SWEEP if w > 0)
+
+
+def _read(name: str) -> dict | None:
+    path = ROWS / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def steps() -> list[dict]:
+    """Every step: a name, the training commands (none for a shipped model) and the model evaluated."""
+    out = [{"name": "shipped_soft", "train": [], "model": "flickr8k_soft"},
+           {"name": "shipped_hard", "train": [], "model": "flickr8k_hard"}]
+    for w in SWEEP:
+        run = f"runs/grounding/{sweep_name(w)}"
+        out.append({"name": sweep_name(w), "model": f"{run}/best.pt", "train": [[
+            "train", "--config", "configs/flickr8k_soft.yaml", "--set", f"data.entities={ENTITIES}",
+            "--set", f"train.objective.grounding_weight={w}", "--set", "train.epochs=2",
+            "--set", f"train.run_dir={run}"]]})
+    w = chosen_weight()
+    out.append({"name": "soft_grounded", "model": "runs/flickr8k_soft_grounded/best.pt", "needs_weight": True,
+                "train": [["train", "--config", "configs/flickr8k_soft_grounded.yaml",
+                           "--set", f"train.objective.grounding_weight={w}"]]})
+    out.append({"name": "soft_grounded_scst", "model": "runs/flickr8k_soft_grounded_scst/best.pt",
+                "needs_weight": True,
+                "train": [["train", "--config", "configs/flickr8k_soft_grounded_scst.yaml",
+                           "--set", f"train.objective.grounding_weight={w}"]]})
+    return out
+
+
+def _run_dir(command: list[str]) -> Path | None:
+    for a, b in zip(command, command[1:]):
+        if a == "--set" and b.startswith("train.run_dir="):
+            return ROOT / b.split("=", 1)[1]
+    config = command[command.index("--config") + 1]
+    for line in (ROOT / config).read_text().splitlines():
+        if line.strip().startswith("run_dir:"):
+            return ROOT / line.split(":", 1)[1].split("#")[0].strip()
+    return None
+
+
+def _train(command: list[str], log) -> float:
+    run_dir = _run_dir(command)
+    if run_dir is not None and (run_dir / "done.json").is_file():
+        return json.loads((run_dir / "done.json").read_text())["wall_s"]
+    resume = ["--resume", str(run_dir)] if run_dir is not None and (run_dir / "last.pt").is_file() else []
+    start = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] captioner {' '.join(command + resume)}", flush=True)
+    subprocess.run(CAPTIONER + command + resume, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.time() - start
+    if run_dir is not None:
+        (run_dir / "done.json").write_text(json.dumps({"wall_s": wall, "command": command}))
+    return wall
+
+
+def run_step(step: dict, log) -> None:
+    if _read(step["name"]) is not None:
+        print(f"{step['name']}: done, skipped", flush=True)
+        return
+    if step.get("needs_weight") and chosen_weight() is None:
+        print(f"{step['name']}: waits for the sweep", flush=True)
+        return
+    train_s = sum(_train(c, log) for c in step["train"])
+    evaluate = ["evaluate", "--checkpoint", step["model"], "--split", "val", "--beam", "3", "--mirror-check",
+                "--entities", ENTITIES, "--json"]
+    start = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] captioner {' '.join(evaluate)}", flush=True)
+    done = subprocess.run(CAPTIONER + evaluate, cwd=ROOT, check=True, capture_output=True, text=True)
+    result = json.loads(done.stdout)
+    result.update({"train_commands": [" ".join(["captioner", *c]) for c in step["train"]],
+                   "evaluate_command": " ".join(["captioner", *evaluate]), "train_wall_s": train_s,
+                   "evaluate_wall_s": time.time() - start})
+    ROWS.mkdir(parents=True, exist_ok=True)
+    (ROWS / f"{step['name']}.json").write_text(json.dumps(result, indent=1))
+    g = result["boxes"]["generated"]
+    print(f"{step['name']}: CIDEr-D {result['scores']['CIDEr-D']:.2f}  pointing {100 * g['pointing']:.1f} "
+          f"(centre {100 * g['centre_pointing']:.1f})  inside {g['inside']:.3f}  train {train_s:.0f}s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=("run", "list"))
+    parser.add_argument("--only", nargs="+", default=None, help="step names")
+    parser.add_argument("--log", default="runs/grounding/train.log", help="where the training output goes")
+    args = parser.parse_args(argv)
+    if args.phase == "list":
+        for step in steps():
+            print(f"{step['name']:<22} {'done' if _read(step['name']) else 'to do'}")
+        return 0
+    (ROOT / args.log).parent.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / args.log, "a") as log:
+        for step in steps():
+            if args.only is None or step["name"] in args.only:
+                run_step(step, log)
+        for step in steps():  # the weight is known once the sweep is done: the steps that waited for it
+            if step.get("needs_weight") and (args.only is None or step["name"] in args.only):
+                run_step(step, log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
