@@ -21,6 +21,7 @@ from tqdm import tqdm
 from captioner.data.datasets import MIRROR_SUFFIX, pad_batch
 from captioner.data.images import check_jpeg_quality
 from captioner.decoding.options import DecodeOptions
+from captioner.evaluation.grounding import BoxGrounding, format_grounding
 from captioner.evaluation.metrics import (
     CocoInstanceRegions,
     attention_movement,
@@ -33,7 +34,6 @@ from captioner.evaluation.metrics import (
     mirror_following,
     resolve_tokenizer,
 )
-from captioner.evaluation.grounding import BoxGrounding, format_grounding
 from captioner.evaluation.score import score_rows
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
