@@ -1,0 +1,188 @@
+"""The Flickr30k Entities reader (data/entities.py) on files in the published format, and the box grounding
+figures (evaluation/grounding.py) against hand computations on a crafted photo with crafted boxes and maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from captioner.data.entities import (
+    box_fractions,
+    entity_id,
+    lemma,
+    parse_sentence,
+    read_entities,
+)
+from captioner.data.records import DataError
+from captioner.evaluation.grounding import BoxGrounding, centre_cell, format_grounding
+from tests.entities_fixture import write_photo
+
+# --------------------------------------------------------------------------- the reader
+
+
+def test_a_sentence_becomes_tokens_and_phrases_with_their_chains_and_types():
+    s = parse_sentence("[/EN#18/people A child] in [/EN#19/clothing a pink dress] is climbing up "
+                       "[/EN#20/other a set of stairs] in [/EN#23/scene an entry way] .")
+    assert s.tokens == "a child in a pink dress is climbing up a set of stairs in an entry way".split()
+    assert [(p.start, p.end, p.chain, p.types) for p in s.phrases] == [
+        (0, 2, "18", ("people",)), (3, 6, "19", ("clothing",)), (9, 13, "20", ("other",)), (14, 17, "23", ("scene",))]
+    assert [s.tokens[p.head] for p in s.phrases] == ["child", "dress", "stairs", "way"]
+
+
+def test_a_phrase_with_several_types_keeps_them_all_and_reports_under_the_first():
+    s = parse_sentence("[/EN#7/people/bodyparts A man's hand] waves")
+    assert s.phrases[0].types == ("people", "bodyparts")
+    assert s.phrases[0].row == "people"
+    assert s.tokens == ["a", "man's", "hand", "waves"]
+
+
+@pytest.mark.parametrize("chains", [("1", "2"), ("55101", "55102")], ids=["per-photo v1.0", "global"])
+def test_both_chain_numberings_read_the_same_boxes(tmp_path, chains):
+    a, b = chains
+    write_photo(tmp_path, "42", [f"[/EN#{a}/animals A dog] chases [/EN#{b}/other a ball] ."], (200, 100),
+                {a: [(1, 1, 100, 100)], b: [(101, 51, 200, 100)]})
+    photo = read_entities(tmp_path, ["42_deadbeef"]).get("42_deadbeef")
+    dog, ball = photo.sentences[0].phrases
+    assert photo.phrase_boxes(dog) == [(0.0, 0.0, 0.5, 1.0)]  # normalised by the XML's 200x100
+    assert photo.phrase_boxes(ball) == [(0.5, 0.5, 1.0, 1.0)]
+
+
+def test_nobndbox_and_scene_chains_have_no_box_and_a_photo_without_files_is_counted(tmp_path):
+    write_photo(tmp_path, "7", ["[/EN#1/people A man] on [/EN#2/scene a beach] under [/EN#3/other the sky] ."],
+                (10, 10), {"1": [(1, 1, 5, 10)], "2": "scene", "3": "nobndbox"})
+    entities = read_entities(tmp_path, ["7_x", "8_y", "7_x#mirror"])
+    photo = entities.get("7_x")
+    man, beach, sky = photo.sentences[0].phrases
+    assert photo.phrase_boxes(beach) == [] and photo.phrase_boxes(sky) == []
+    assert photo.scene == {"2"} and photo.no_box == {"2", "3"}
+    assert entities.missing == ["8_y"] and len(entities.images) == 1
+    assert "1 without an annotation" in entities.summary()
+    assert list(photo.boxed_heads()) == ["man"]
+
+
+def test_several_boxes_of_one_chain_are_its_union(tmp_path):
+    write_photo(tmp_path, "9", ["[/EN#4/animals Two dogs] play"], (100, 100),
+                {"4": [(1, 1, 50, 50), (51, 51, 100, 100)]})
+    photo = read_entities(tmp_path, ["9"]).get("9")
+    assert box_fractions(photo.phrase_boxes(photo.sentences[0].phrases[0]), (2, 2)).tolist() == [1, 0, 0, 1]
+
+
+@pytest.mark.parametrize("line", ["[/EN#1/people A man walks", "A man] walks", "[/EN#/people A man] walks",
+                                  "[EN#1/people A man] walks"])
+def test_a_malformed_sentence_is_refused_with_its_file_and_line(tmp_path, line):
+    write_photo(tmp_path, "5", ["[/EN#1/people A woman] sits .", line], (10, 10), {"1": [(1, 1, 5, 5)]})
+    with pytest.raises(DataError, match=r"Sentences/5\.txt:2: "):
+        read_entities(tmp_path, ["5"])
+
+
+def test_a_malformed_annotation_is_refused_with_its_file(tmp_path):
+    write_photo(tmp_path, "6", ["[/EN#1/people A woman] sits ."], (10, 10), {"1": [(1, 1, 5, 5)]})
+    xml = tmp_path / "Annotations" / "6.xml"
+    xml.write_text(xml.read_text().replace("</annotation>", ""))
+    with pytest.raises(DataError, match=r"Annotations/6\.xml:\d+: not well-formed XML"):
+        read_entities(tmp_path, ["6"])
+    xml.write_text("<annotation><size><width>ten</width><height>10</height></size></annotation>")
+    with pytest.raises(DataError, match=r"6\.xml: <width> missing or not a number \('ten'\)"):
+        read_entities(tmp_path, ["6"])
+    xml.write_text("<annotation><size><width>10</width><height>10</height></size><object><name>1</name>"
+                   "<bndbox><xmin>8</xmin><ymin>1</ymin><xmax>2</xmax><ymax>5</ymax></bndbox></object></annotation>")
+    with pytest.raises(DataError, match=r"6\.xml: chain 1: box .* xmax < xmin"):
+        read_entities(tmp_path, ["6"])
+
+
+def test_one_file_without_the_other_and_a_wrong_folder_are_refused(tmp_path):
+    write_photo(tmp_path, "3", ["[/EN#1/people A woman] sits ."], (10, 10), {"1": [(1, 1, 5, 5)]})
+    (tmp_path / "Annotations" / "3.xml").unlink()
+    with pytest.raises(DataError, match=r"Annotations/3\.xml: missing, though .*Sentences/3\.txt exists"):
+        read_entities(tmp_path, ["3"])
+    with pytest.raises(DataError, match="not a Flickr30k Entities folder"):
+        read_entities(tmp_path / "nowhere", ["3"])
+
+
+def test_entity_ids_and_lemmas():
+    assert entity_id("1000268201_693b08cb0e") == "1000268201" and entity_id("99_a#mirror") == "99"
+    assert [lemma(w) for w in ("dogs", "men", "puppies", "boxes", "dress", "jeans", "bus", "dog", "Women")] == [
+        "dog", "man", "puppy", "box", "dress", "jeans", "bus", "dog", "woman"]
+
+
+def test_box_fractions_are_exact_area_shares():
+    assert box_fractions([(0.0, 0.0, 0.5, 0.5)], (2, 2)).tolist() == [1, 0, 0, 0]
+    np.testing.assert_allclose(box_fractions([(0.25, 0.25, 0.75, 0.75)], (2, 2)), [0.25] * 4)
+    # overlapping boxes count once: [0, .5] and [.25, .75] across the top row cover .75 of its width
+    np.testing.assert_allclose(box_fractions([(0, 0, 0.5, 0.5), (0.25, 0, 0.75, 0.5)], (2, 2)), [1, 0.5, 0, 0])
+    np.testing.assert_allclose(box_fractions([(0.1, 0.2, 0.4, 0.9)], (3, 3)).sum() / 9, 0.3 * 0.7)
+    assert box_fractions([], (7, 7)).sum() == 0 and centre_cell((7, 7)) == 24 and centre_cell((2, 2)) == 3
+
+
+# --------------------------------------------------------------------------- the figures, by hand
+#
+# A 100x100 photo on a 2x2 grid (cells 0 1 / 2 3; the centre cell is 3). Chain 1 ("a man", people) is the left
+# half: cell fractions [1, 0, 1, 0]. Chain 2 ("a cat", animals) is the top-left quarter: [1, 0, 0, 0].
+
+SENTENCE = "[/EN#1/people A man] holds [/EN#2/animals a cat] ."
+TF_ALPHAS = np.array([[0.25, 0.25, 0.25, 0.25],  # a
+                      [0.5, 0.1, 0.3, 0.1],  # man: inside .8, peak cell 0 (in), uniform .5
+                      [0.1, 0.1, 0.1, 0.7],  # holds
+                      [0.25, 0.25, 0.25, 0.25],  # a
+                      [0.1, 0.6, 0.2, 0.1]])  # cat: inside .1, peak cell 1 (out), uniform .25
+
+
+@pytest.fixture
+def photo_folder(tmp_path):
+    write_photo(tmp_path, "100", [SENTENCE, "[/EN#2/animals The cat] and [/EN#3/scene the room] ."], (100, 100),
+                {"1": [(1, 1, 50, 100)], "2": [(1, 1, 50, 50)], "3": "scene"})
+    return tmp_path
+
+
+def test_teacher_forced_figures_equal_the_hand_computation(photo_folder):
+    entities = read_entities(photo_folder, ["100_a"])
+    g = BoxGrounding(entities, (2, 2))
+    g.add_teacher_forced(entities.get("100_a"), 0, TF_ALPHAS)
+    f = g.figures()["teacher_forced"]
+    # mean map over the five words: [1.2, 1.3, 1.1, 1.4] / 5; its peak is cell 3, in neither box
+    assert f["words"] == 2 and f["photos"] == 1
+    assert f["inside"] == pytest.approx((0.8 + 0.1) / 2)
+    assert f["uniform"] == pytest.approx((0.5 + 0.25) / 2)
+    assert f["mean_map"] == pytest.approx(((0.24 + 0.22) + 0.24) / 2)
+    assert (f["pointing"], f["mean_map_pointing"], f["centre_pointing"]) == (0.5, 0.0, 0.0)
+    assert f["by_type"]["people"]["inside"] == pytest.approx(0.8) and f["by_type"]["people"]["pointing"] == 1.0
+    assert f["by_type"]["animals"]["inside"] == pytest.approx(0.1) and f["by_type"]["animals"]["pointing"] == 0.0
+    assert set(f["by_type"]) == {"people", "animals"}
+
+
+def test_generated_words_match_boxed_heads_by_lemma_and_the_mean_map_counts_every_word(photo_folder):
+    entities = read_entities(photo_folder, ["100_a", "101_b"])
+    g = BoxGrounding(entities, (2, 2))
+    words = ["two", "men", "and", "a", "cats"]  # "men" -> man (chain 1), "cats" -> cat (chain 2); "room": no box
+    alphas = np.array([[0, 0, 0, 1], [0.2, 0.2, 0.4, 0.2], [0, 0, 0, 1], [0, 0, 0, 1], [0.7, 0.1, 0.1, 0.1]])
+    g.add_generated("100_a", words, alphas)
+    g.add_generated("101_b", ["a", "dog"], np.full((2, 4), 0.25))  # no annotation: counted, not scored
+    f = g.figures()["generated"]
+    assert f["words"] == 2 and g.without_annotation == 1
+    assert f["inside"] == pytest.approx((0.6 + 0.7) / 2)
+    assert f["pointing"] == 1.0  # men -> cell 2 (in the left half), cats -> cell 0 (in the top-left box)
+    mean_map = alphas.sum(0) / 5  # [0.18, 0.06, 0.1, 0.66]: peak cell 3
+    assert f["mean_map"] == pytest.approx(((mean_map[0] + mean_map[2]) + mean_map[0]) / 2)
+    assert f["mean_map_pointing"] == 0.0 and f["centre_pointing"] == 0.0
+
+
+def test_hard_attention_is_scored_on_the_cell_it_read(photo_folder):
+    entities = read_entities(photo_folder, ["100_a"])
+    g = BoxGrounding(entities, (2, 2), one_cell=True)
+    alphas = np.array([[0.1, 0.1, 0.1, 0.7], [0.4, 0.3, 0.2, 0.1]])  # the cat's alpha peaks in the box...
+    g.add_generated("100_a", ["a", "cat"], alphas, locations=[3, 1])  # ...but the sampled read was cell 1
+    f = g.figures()["generated"]
+    assert (f["inside"], f["pointing"]) == (0.0, 0.0)
+    tf = BoxGrounding(entities, (2, 2), one_cell=True)
+    tf.add_teacher_forced(entities.get("100_a"), 0, TF_ALPHAS)  # one-cell: alpha's arg-max cells
+    assert tf.figures()["teacher_forced"]["inside"] == pytest.approx((1.0 + 0.0) / 2)
+
+
+def test_the_table_prints_every_row_and_says_when_nothing_matched(photo_folder):
+    entities = read_entities(photo_folder, ["100_a"])
+    g = BoxGrounding(entities, (2, 2))
+    g.add_teacher_forced(entities.get("100_a"), 0, TF_ALPHAS)
+    text = "\n".join(format_grounding(g.figures()))
+    assert "generated        no word matched a boxed phrase" in text
+    assert "teacher-forced        2   0.450  0.375  0.350 |  50.0%   0.0%    0.0%" in text
+    assert "  people" in text and "  animals" in text
