@@ -114,6 +114,7 @@ def overlay_attention(
     upsample: str = "bicubic",
     panel_inches: float = 2.4,
     note: str | None = None,
+    boxes: Sequence[Sequence[Sequence[float]] | None] | None = None,
 ) -> Figure:
     """A figure with the plain image, then one panel per word with its attention overlaid.
 
@@ -127,9 +128,14 @@ def overlay_attention(
         smooth: Gaussian-smooth the upsampled map (the paper's look); False shows it unblurred.
         ncols: panels per row.
         note: a second title line (an ensemble's says whose attention the maps are).
+        boxes: per word, the normalised [x0, y0, x1, y1] boxes of what it names (Flickr30k Entities:
+            evaluation.grounding.word_boxes), or None; drawn dashed, with the share of the word's attention inside
+            them under its title.
     Save with `fig.savefig(path)`; nothing touches pyplot.
     """
     a = _check_inputs(words, alphas, grid_hw, chosen)
+    if boxes is not None and len(boxes) != len(words):
+        raise ValueError(f"boxes has {len(boxes)} entries but there are {len(words)} words")
     img = _rgb(image)
     n = len(words) + 1
     ncols = max(1, min(ncols, n))
@@ -150,7 +156,17 @@ def overlay_attention(
             x, y, w, h = _cell_rectangle(chosen[i], grid_hw, img.size)
             # patch corners are pixel edges: imshow puts pixel centres on integers
             ax.add_patch(Rectangle((x - 0.5, y - 0.5), w, h, fill=False, edgecolor="white", linewidth=2))
-        ax.set_title(word)
+        title = word
+        if boxes is not None and boxes[i]:
+            from captioner.data.entities import box_fractions
+
+            for x0, y0, x1, y1 in boxes[i]:
+                ax.add_patch(Rectangle((x0 * img.size[0] - 0.5, y0 * img.size[1] - 0.5), (x1 - x0) * img.size[0],
+                                       (y1 - y0) * img.size[1], fill=False, edgecolor="lime", linewidth=1.5,
+                                       linestyle="--"))
+            share = float((a[i] * box_fractions(boxes[i], grid_hw)).sum() / max(float(a[i].sum()), 1e-12))
+            title = f"{word}\n{share:.2f} in box"
+        ax.set_title(title)
         ax.axis("off")
     fig.tight_layout()
     return fig
@@ -222,12 +238,14 @@ def save_attention_gif(
     return path
 
 
-def save_overlay(image: Image.Image | np.ndarray, result: dict, target: Path, note: str | None = None) -> Path:
+def save_overlay(image: Image.Image | np.ndarray, result: dict, target: Path, note: str | None = None,
+                 boxes: Sequence[Sequence[Sequence[float]] | None] | None = None) -> Path:
     """Write one caption's overlay as a PNG at ``target``: ``result`` is a dict of ``ImageCaptioner.caption``
     (words, alphas, grid_hw, and the cell read per word, ``locations``, outlined when present); ``note`` is a
-    line under the panels. What `captioner caption --attention-out` and the demo write."""
+    line under the panels; ``boxes``: per word, the boxes of what it names (overlay_attention). What `captioner
+    caption --attention-out` and the demo write."""
     fig = overlay_attention(image, result["words"], result["alphas"], result["grid_hw"],
-                            chosen=result.get("locations"), note=note)
+                            chosen=result.get("locations"), note=note, boxes=boxes)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
     write_bytes_atomic(target, buffer.getvalue())  # whole or not at all; a full disk is named (atomic.DiskFullError)

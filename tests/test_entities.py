@@ -186,3 +186,28 @@ def test_the_table_prints_every_row_and_says_when_nothing_matched(photo_folder):
     assert "generated        no word matched a boxed phrase" in text
     assert "teacher-forced        2   0.450  0.375  0.350 |  50.0%   0.0%    0.0%" in text
     assert "  people" in text and "  animals" in text
+
+
+def test_overlays_draw_each_words_boxes_and_its_share_inside(photo_folder):
+    from matplotlib.patches import Rectangle
+    from PIL import Image
+
+    from captioner.evaluation.grounding import word_boxes, word_grounding
+    from captioner.visualize import overlay_attention
+
+    photo = read_entities(photo_folder, ["100_a"]).get("100_a")
+    words = ["a", "man", "and", "cats"]
+    alphas = np.array([[0.25] * 4, [0.5, 0.1, 0.3, 0.1], [0.25] * 4, [0.1, 0.6, 0.2, 0.1]])
+    boxes = word_boxes(photo, words)
+    assert boxes[0] is None and boxes[1] == [(0.0, 0.0, 0.5, 1.0)] and boxes[3] == [(0.0, 0.0, 0.5, 0.5)]
+    figures = word_grounding(photo, words, alphas, (2, 2))
+    assert figures[0] is None and figures[1]["inside"] == pytest.approx(0.8) and figures[1]["pointing"]
+    assert figures[3]["inside"] == pytest.approx(0.1) and not figures[3]["pointing"] and not figures[3]["centre"]
+    fig = overlay_attention(Image.new("RGB", (100, 100)), words, alphas, (2, 2), boxes=boxes)
+    panels = fig.axes[1:]
+    assert [ax.get_title() for ax in panels] == ["a", "man\n0.80 in box", "and", "cats\n0.10 in box"]
+    dashed = [[p for p in ax.patches if isinstance(p, Rectangle)] for ax in panels]
+    assert [len(d) for d in dashed] == [0, 1, 0, 1]
+    assert dashed[1][0].get_width() == pytest.approx(50) and dashed[1][0].get_height() == pytest.approx(100)
+    with pytest.raises(ValueError, match="boxes has 1 entries but there are 4 words"):
+        overlay_attention(Image.new("RGB", (100, 100)), words, alphas, (2, 2), boxes=[None])

@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     add_decode_flags(parser)  # --beam, --n-best (captions printed per image), --attention-mode, ..., --allow-unk
     parser.add_argument("--attention-out", default=None, help="write one overlay PNG per image here")
     parser.add_argument("--gif", action="store_true", help="with --attention-out, also write an animated GIF")
+    parser.add_argument("--entities", default=None, metavar="DIR",
+                        help="with --attention-out, a Flickr30k Entities folder: on each word's panel, draw the boxes "
+                             "of the phrase it names (photos named <id>_*.jpg or <id>.jpg) and the share of its "
+                             "attention inside them")
     parser.add_argument("--batch-size", type=int_at_least(1), default=16)
     add_device_flag(parser)  # --device, default auto
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
@@ -106,6 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths, failures = expand_image_paths(args.images)
     results: list[dict] = []
     out_dir = Path(args.attention_out) if args.attention_out else None
+    if args.entities and not out_dir:
+        parser.error("argument --entities: draws boxes on the overlays, so it needs --attention-out DIR")
+    entities = None
+    if args.entities:
+        from captioner.data.entities import read_entities
+        from captioner.data.records import DataError
+
+        try:
+            entities = read_entities(args.entities, [p.stem for p in paths])
+        except DataError as err:
+            print(f"captioner caption: {err}", file=sys.stderr)
+            return 2
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(paths), args.batch_size):
@@ -122,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path, image, out in zip(batch_paths, images, outputs):
             record = {"image": str(path), **{k: v for k, v in out.items() if k != "alphas"}}
             if out_dir:
-                record["overlay"] = str(_write_overlay(out_dir, path, image, out, gif=args.gif))
+                record["overlay"] = str(_write_overlay(out_dir, path, image, out, gif=args.gif, entities=entities))
             results.append(record)
             if not args.json:
                 captions = [out["caption"]] + [c["caption"] for c in out.get("n_best", [])[1:]]
@@ -157,13 +173,15 @@ def _load(args: argparse.Namespace):
     return model
 
 
-def _write_overlay(out_dir: Path, path: Path, image, out: dict, gif: bool = False) -> Path:
+def _write_overlay(out_dir: Path, path: Path, image, out: dict, gif: bool = False, entities=None) -> Path:
+    from captioner.evaluation.grounding import word_boxes
     from captioner.models.ensemble import ATTENTION_SHOWN_WORDS
     from captioner.visualize import save_attention_gif, save_overlay
 
     ensemble = out.get("ensemble")  # only an ensemble's results say which attention they hold
     note = None if ensemble is None else f"attention: {ATTENTION_SHOWN_WORDS[ensemble['attention']]}"
-    target = save_overlay(image, out, out_dir / f"{path.stem}_attention.png", note)
+    boxes = None if entities is None else word_boxes(entities.get(path.stem), out["words"])
+    target = save_overlay(image, out, out_dir / f"{path.stem}_attention.png", note, boxes=boxes)
     if gif and out["words"]:
         save_attention_gif(image, out["words"], out["alphas"], out["grid_hw"], out_dir / f"{path.stem}_attention.gif")
     return target

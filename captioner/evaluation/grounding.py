@@ -173,6 +173,34 @@ class BoxGrounding:
                 "source": str(self.entities.folder)}
 
 
+def word_boxes(photo: EntityImage | None, words: Sequence[str]) -> list[list[tuple[float, float, float, float]] | None]:
+    """Per word, the normalised boxes of the boxed phrases whose head noun it names (by lemma, as the generated
+    figures match), or None: what the overlays draw on each word's panel."""
+    heads = photo.boxed_heads() if photo is not None else {}
+    return [heads[lemma(w)][0] if lemma(w) in heads else None for w in words]
+
+
+def word_grounding(photo: EntityImage | None, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int],
+                   locations: Sequence[int] | None = None) -> list[dict[str, Any] | None]:
+    """Per word of one caption, its box figures as the generated setting scores them, or None for a word that
+    names no boxed phrase: ``inside`` (its attention's share inside the boxes; the cell read when ``locations``),
+    ``pointing`` (its peak cell lies mostly inside), ``centre`` (the centre cell does), ``uniform`` (the boxes'
+    area share). What the notebook prints beside each word's overlay."""
+    a = np.asarray(alphas, dtype=np.float64)[: len(words)]
+    if locations is not None:
+        a = _one_cell(a, locations)
+    out: list[dict[str, Any] | None] = []
+    for i, boxes in enumerate(word_boxes(photo, words)):
+        if not boxes:
+            out.append(None)
+            continue
+        f = box_fractions(boxes, grid_hw)
+        out.append({"word": words[i], "inside": float((a[i] * f).sum() / max(a[i].sum(), 1e-12)),
+                    "pointing": bool(f[int(a[i].argmax())] >= MOSTLY_INSIDE),
+                    "centre": bool(f[centre_cell(grid_hw)] >= MOSTLY_INSIDE), "uniform": float(f.mean())})
+    return out
+
+
 def format_grounding(figures: dict[str, Any]) -> list[str]:
     """The box-grounding lines of an evaluation table."""
     rows = [f"boxes      Flickr30k Entities, {figures['photos']} photos"
