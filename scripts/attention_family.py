@@ -1,7 +1,7 @@
 """The attention family on real photographs: every scorer and attention variant trained at one budget, side by side.
 
     python scripts/attention_family.py run                     # every row not yet done, then the report
-    python scripts/attention_family.py run --rows soft_dot     # one row (rerun: --fresh)
+    python scripts/attention_family.py run --rows soft_dot     # one row (again from scratch: --fresh)
     python scripts/attention_family.py speed                   # training captions/s and decoding images/s, alternating
     python scripts/attention_family.py heads                   # what a multi-head row's heads read, apart
     python scripts/attention_family.py report                  # docs/attention-family.md's table, the JSON, the plots
@@ -10,8 +10,10 @@
 Each row is `captioner train --config configs/flickr8k_soft.yaml --set ...` (the same frozen Lite0 grids,
 vocabulary, seed, Adam, learning rate and schedule; only the attention settings of its row differ) for
 ``--epochs`` epochs (the budget: the same number of training captions for every row, cosine over them), then
-`captioner evaluate --split val --beam 3 --mirror-check` of its best.pt (hard rows decode with argmax: one cell
-per word). A row is resumable: a finished one (RUN/family-row.json) is skipped; an interrupted training run
+`captioner evaluate --split val --beam 3 --mirror-check --entities ENTITIES` of its best.pt (hard rows decode with
+argmax: one cell per word; the box figures when the Flickr30k Entities folder exists). A row keeps evaluate's
+whole result (its ``evaluate`` entry), so a later column can be drawn from it without training again. A row is
+resumable: a finished one (RUN/family-row.json) is skipped; an interrupted training run
 continues from its last.pt (`captioner train --resume`), an interrupted evaluation is redone. Everything
 goes under ``--runs`` (default runs/family/ROW); the figures of every row go to ``--json``.
 """
@@ -112,6 +114,7 @@ class Family:
     plots: Path
     extra_sets: tuple[str, ...] = ()
     scoring: str = "full"  # full: PTB tokenizer and METEOR (Java), as reported; quick: neither (the tests)
+    entities: Path | None = None  # Flickr30k Entities folder: evaluate adds the box figures when it exists
     python: str = sys.executable
     log: Any = field(default=None, repr=False)
 
@@ -192,7 +195,8 @@ def evaluate_row(family: Family, row: Row) -> dict:
     out = run_dir / "family-eval.json"
     scoring = ["--tokenizer", "ptb"] if family.scoring == "full" else ["--tokenizer", "simple", "--no-meteor"]
     cmd = _command(family, "evaluate", "--checkpoint", str(run_dir / "best.pt"), "--split", "val", "--beam", "3",
-                   *scoring, "--mirror-check", "--json", "--out", str(out))
+                   *scoring, "--mirror-check", "--json", "--out", str(out),
+                   *(["--entities", str(family.entities)] if family.entities and family.entities.is_dir() else []))
     _run(cmd, run_dir / "family.log")
     return json.loads(out.read_text(encoding="utf-8"))
 
@@ -226,8 +230,23 @@ def row_figures(family: Family, row: Row, result: dict, wall_s: float) -> dict:
         "curve": [{k: e.get(k) for k in ("epoch", "train_loss", "train_xe", "val_loss", "BLEU-4", "CIDEr-D",
                                          "skipped_steps", "alpha_max", "alpha_entropy")} for e in history],
         "skipped_steps": sum(e.get("skipped_steps", 0) for e in history),
+        **box_columns(result),
+        "evaluate": {k: v for k, v in result.items() if k != "predictions"},  # every figure, for later columns
         "finished": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def box_columns(result: dict) -> dict:
+    """The table's grounding columns from an evaluate result with ``boxes`` (none without): attention inside the
+    boxes teacher-forced (Liu et al.'s correctness) and on generated captions, and the pointing figures with the
+    centre-cell baseline on the same words."""
+    boxes = result.get("boxes")
+    if not boxes:
+        return {}
+    tf, gen = boxes["teacher_forced"], boxes["generated"]
+    return {"correctness_tf": tf["inside"], "pointing_tf": tf["pointing"], "centre_tf": tf["centre_pointing"],
+            "inside_generated": gen["inside"], "pointing_generated": gen["pointing"],
+            "centre_generated": gen["centre_pointing"], "grounded_words": gen["words"]}
 
 
 def run_rows(family: Family, rows: Sequence[Row], fresh: bool = False) -> None:
@@ -236,8 +255,10 @@ def run_rows(family: Family, rows: Sequence[Row], fresh: bool = False) -> None:
 
     todo = []
     for row in rows:
-        if fresh and family.run_dir(row).exists():
-            shutil.rmtree(family.run_dir(row))
+        if fresh:  # from scratch: the run and the row's figures both go, so the row is trained and measured again
+            if family.run_dir(row).exists():
+                shutil.rmtree(family.run_dir(row))
+            family.row_file(row).unlink(missing_ok=True)
         if family.row_file(row).exists():
             print(f"{row.name}: done ({family.row_file(row)}), skipped", flush=True)
         else:
@@ -452,8 +473,10 @@ def _cell(value: Any, digits: int = 1, percent: bool = False) -> str:
 
 def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
     head = ("| row | BLEU-4 | METEOR | CIDEr-D | train captions/s | decode images/s | parameters | α max | α entropy "
-            "| α max > 0.99 | cells / caption | cell changes | mirror: α / columns / stay | wall time |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "| α max > 0.99 | cells / caption | cell changes | mirror: α / columns / stay "
+            "| boxes, teacher-forced: α inside / pointing (centre) | boxes, own captions: α inside / pointing (centre) "
+            "| wall time |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     repo = family.doc.resolve().parent.parent  # the page sits in docs/: paths are shown from the checkout's root
     shown = os.path.relpath(family.json_path.resolve(), repo)
     lines = [f"Budget: {family.epochs} epochs of Flickr8k's 30,000 training captions per row, "
@@ -477,7 +500,8 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
                 f"{_cell(r.get('train_captions_per_s'))} | {_cell(r.get('decode_images_per_s'))} | "
                 f"{r['parameters'] / 1e6:.2f} M | {_cell(r['alpha_max'], 3)} | {_cell(r['alpha_entropy'], 3)} | "
                 f"{_cell(r.get('alpha_saturated'), 1, True)} | {_cell(r['cells_per_caption'], 2)} | "
-                f"{_cell(r['cell_changes'], 1, True)} | {mirror} | {_minutes(r['train_wall_s'])} |")
+                f"{_cell(r['cell_changes'], 1, True)} | {mirror} | {_boxes_cell(r, 'tf')} | "
+                f"{_boxes_cell(r, 'generated')} | {_minutes(r['train_wall_s'])} |")
         lines.append("")
     if family.heads_file.exists():
         heads = json.loads(family.heads_file.read_text(encoding="utf-8"))["rows"]
@@ -506,6 +530,15 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
         lines += [f"| {r['length']} | {r['steps']} | {100 * r['exact_match']:.1f} % | {r['train_s']:.0f} s |"
                   for r in pointer["rows"]]
     return "\n".join(lines)
+
+
+def _boxes_cell(row: dict, setting: str) -> str:
+    """"inside / pointing % (centre %)" of a row measured on boxes; "not measured" for a row trained before."""
+    inside = row.get("correctness_tf" if setting == "tf" else "inside_generated")
+    if inside is None:
+        return "not measured"
+    return (f"{inside:.3f} / {_cell(row[f'pointing_{setting}'], 1, True)} "
+            f"({_cell(row[f'centre_{setting}'], 1, True)})")
 
 
 def write_doc_section(doc: Path, table: str) -> None:
@@ -603,7 +636,8 @@ def pointer_table(lengths: Sequence[int] = (5, 10, 20), steps: int = 1500, eval_
 
 def _family(args: argparse.Namespace) -> Family:
     return Family(config=Path(args.config), runs=Path(args.runs), epochs=args.epochs, json_path=Path(args.json),
-                  doc=Path(args.doc), plots=Path(args.plots), extra_sets=tuple(args.set or ()), scoring=args.scoring)
+                  doc=Path(args.doc), plots=Path(args.plots), extra_sets=tuple(args.set or ()), scoring=args.scoring,
+                  entities=ROOT / args.entities if args.entities else None)
 
 
 def _rows(names: str | None) -> list[Row]:
@@ -626,7 +660,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default="docs/attention-family/family.json")
     parser.add_argument("--doc", default="docs/attention-family.md")
     parser.add_argument("--plots", default="docs/attention-family")
-    parser.add_argument("--fresh", action="store_true", help="delete the chosen rows' runs first")
+    parser.add_argument("--fresh", action="store_true",
+                        help="train and measure the chosen rows again from scratch (their runs and row files go)")
+    parser.add_argument("--entities", default="data/flickr8k/flickr30k_entities",
+                        help="Flickr30k Entities folder: evaluate adds the box figures when it exists")
     parser.add_argument("--scoring", choices=("full", "quick"), default="full",
                         help="full: PTB tokenizer and METEOR, as reported; quick: neither (the tests)")
     parser.add_argument("--repeats", type=int, default=5, help="speed: rounds of the rows taking turns")

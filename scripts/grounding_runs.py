@@ -3,6 +3,7 @@ resumable: a finished step is skipped, an interrupted training resumes from its 
 
     python scripts/grounding_runs.py run [--only NAME ...]   # train and evaluate what is not done yet
     python scripts/grounding_runs.py list                     # the steps and whether each is done
+    python scripts/grounding_runs.py report                   # docs/grounding.md's tables from the rows
 
 Each row is trained with `captioner train` and evaluated with
 `captioner evaluate --split val --beam 3 --mirror-check --entities data/flickr8k/flickr30k_entities --json`;
@@ -120,12 +121,68 @@ def run_step(step: dict, log) -> None:
           f"(centre {100 * g['centre_pointing']:.1f})  inside {g['inside']:.3f}  train {train_s:.0f}s", flush=True)
 
 
+LABELS = {
+    "shipped_soft": "shipped `flickr8k_soft` (soft: XE, SCST, SCST, averaged)",
+    "shipped_hard": "shipped `flickr8k_hard` (hard from soft: XE, SCST, SCST, averaged; argmax)",
+    "soft_grounded": "soft, XE (8 epochs) with supervised attention",
+    "soft_grounded_scst": "soft, XE then SCST, both with supervised attention",
+    **{sweep_name(w): f"soft, XE 2 epochs, grounding_weight {w:g}" + (" (control)" if w == 0 else "") for w in SWEEP},
+}
+TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+def format_report() -> str:
+    """The page's generated part: captions, box figures (generated and teacher-forced, with their baselines),
+    mirror figures and wall times of every finished row, then the generated figures by phrase type."""
+    rows = [(name, r) for name in LABELS if (r := _read(name)) is not None]
+    lines = ["| model | BLEU-4 | METEOR | CIDEr-D | own captions: words / α inside (uniform, mean map) / pointing "
+             "(mean map, centre) | references, teacher-forced: α inside (uniform, mean map) / pointing (centre) "
+             "| mirror: α / columns / stay | train + evaluate |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows:
+        g, t, s = r["boxes"]["generated"], r["boxes"]["teacher_forced"], r["scores"]
+        lines.append(
+            f"| {LABELS[name]} | {s['BLEU-4']:.1f} | {s['METEOR']:.1f} | {s['CIDEr-D']:.1f} | "
+            f"{g['words']:,} / {g['inside']:.3f} ({g['uniform']:.3f}, {g['mean_map']:.3f}) / "
+            f"**{100 * g['pointing']:.1f} %** ({100 * g['mean_map_pointing']:.1f}, {100 * g['centre_pointing']:.1f} %) | "
+            f"{t['inside']:.3f} ({t['uniform']:.3f}, {t['mean_map']:.3f}) / {100 * t['pointing']:.1f} % "
+            f"({100 * t['centre_pointing']:.1f} %) | {100 * r['mirror_follow']:.1f} % / "
+            f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | "
+            f"{_minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} + {_minutes(r['evaluate_wall_s'])} |")
+    lines += ["", "By phrase type, own captions: pointing (centre cell) and words", "",
+              "| model | " + " | ".join(("people", "animals", "clothing", "body parts", "scene", "vehicles", "other"))
+              + " |", "|---" * 8 + "|"]
+    for name, r in rows:
+        by = r["boxes"]["generated"]["by_type"]
+        cells = [f"{100 * by[k]['pointing']:.1f} ({100 * by[k]['centre_pointing']:.1f}) n={by[k]['words']}"
+                 if k in by else "-" for k in ("people", "animals", "clothing", "body parts", "scene", "vehicles",
+                                               "other")]
+        lines.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    lines += ["", "Commands:", ""]
+    for name, r in rows:
+        lines.append(f"- {LABELS[name]}: " + "; ".join(f"`{c}`" for c in r["train_commands"] + [r["evaluate_command"]]))
+    return "\n".join(lines)
+
+
+def write_report(doc: Path = ROOT / "docs" / "grounding.md") -> None:
+    text = doc.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    doc.write_text(text[:start] + "\n" + format_report() + "\n" + text[end:])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("run", "list"))
+    parser.add_argument("phase", choices=("run", "list", "report"))
     parser.add_argument("--only", nargs="+", default=None, help="step names")
     parser.add_argument("--log", default="runs/grounding/train.log", help="where the training output goes")
     args = parser.parse_args(argv)
+    if args.phase == "report":
+        write_report()
+        return 0
     if args.phase == "list":
         for step in steps():
             print(f"{step['name']:<22} {'done' if _read(step['name']) else 'to do'}")

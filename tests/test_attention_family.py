@@ -29,7 +29,7 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
     return ["--config", str(REPO / "configs" / "smoke.yaml"), "--epochs", "1", "--runs", str(tmp_path / "runs"),
             "--json", str(tmp_path / "docs" / "family" / "family.json"), "--doc", str(tmp_path / "docs" / "family.md"),
             "--plots", str(tmp_path / "docs" / "family"), "--set", f"data.root={tmp_path / 'data'}",
-            "--set", "train.num_threads=1", "--scoring", "quick", *extra]
+            "--set", "train.num_threads=1", "--scoring", "quick", "--entities", "", *extra]
 
 
 @pytest.mark.slow
@@ -83,6 +83,15 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     history = [json.loads(line) for line in
                (tmp_path / "runs" / "soft_additive" / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in history] == [1, 2]
+
+    # --fresh trains and measures a finished row again (it used to print "done, skipped" and keep the old figures)
+    capsys.readouterr()
+    assert family.main(["run", "--rows", "soft_dot", "--fresh", *_args(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "soft_dot: done" not in out and "[1/1] soft_dot" in out and best.stat().st_mtime_ns != stamp
+    row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
+    assert row["evaluate"]["n_images"] > 0  # evaluate's whole result is kept for later columns
+    assert "not measured" in doc.read_text()  # no boxes for the shapes photos: the columns say so
 
 
 def test_the_width_study_plot_and_the_saturated_share(tmp_path):
