@@ -69,6 +69,15 @@ def steps() -> list[dict]:
                 "needs_weight": True,
                 "train": [["train", "--config", "configs/flickr8k_soft_grounded_scst.yaml",
                            "--set", f"train.objective.grounding_weight={w}"]]})
+    out.append({"name": "soft_grounded_scst_more", "model": "runs/flickr8k_soft_grounded_scst_more/averaged.pt",
+                "needs_weight": True,
+                "train": [["train", "--config", "configs/flickr8k_soft_grounded_scst_more.yaml",
+                           "--set", f"train.objective.grounding_weight={w}"]]})
+    out.append({"name": "hard_grounded", "model": "runs/flickr8k_hard_grounded_from_soft_scst_more/averaged.pt",
+                "needs_weight": True,
+                "train": [["train", "--config", f"configs/flickr8k_hard_grounded_from_soft{stage}.yaml",
+                           "--set", f"train.objective.grounding_weight={w}"]
+                          for stage in ("", "_scst", "_scst_more")]})
     return out
 
 
@@ -126,6 +135,8 @@ LABELS = {
     "shipped_hard": "shipped `flickr8k_hard` (hard from soft: XE, SCST, SCST, averaged; argmax)",
     "soft_grounded": "soft, XE (8 epochs) with supervised attention",
     "soft_grounded_scst": "soft, XE then SCST, both with supervised attention",
+    "soft_grounded_scst_more": "soft, the shipped recipe (XE, SCST, SCST, averaged) with supervised attention",
+    "hard_grounded": "hard from that model, the shipped hard chain (LOO, SCST, SCST, averaged) with supervision",
     **{sweep_name(w): f"soft, XE 2 epochs, grounding_weight {w:g}" + (" (control)" if w == 0 else "") for w in SWEEP},
 }
 TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"
