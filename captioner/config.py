@@ -18,6 +18,7 @@ The ``captioner config`` command (list, show) is captioner/commands/config.py's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 # train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
 # (captioner/training/objectives/: its torch-free sections, not the objectives' code)
 from captioner.training.objectives import DEFAULT_OBJECTIVE, ObjectiveConfig, objective_config
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -479,11 +482,47 @@ def _sets_a_kind(text: str) -> bool:
     return tuple(split_override(text)[0]) in {(*where, "kind") for _, _, where in _KINDED.values()}
 
 
+def _declared_by(cls: type, key: str) -> type | None:
+    """The class in ``cls``'s hierarchy that declares field ``key`` (None: ``cls`` has no such field)."""
+    return next((c for c in cls.__mro__ if key in c.__dict__.get("__annotations__", {})), None)
+
+
+def _drop_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
+    """A --set of train.objective.kind to another kind: the file's keys of that section that the new kind does not
+    read in the same sense are dropped, with a warning naming them. Same sense: declared by a class both kinds
+    share (alpha_c of every cross-entropy objective, grounding_weight of all). loo's ``samples`` (K location paths
+    per caption) is not SCST's ``samples`` (captions per image), nor is one estimator's ``entropy_weight`` SCST's,
+    which is never inherited (sections.py)."""
+    if tuple(parts) != ("train", "objective", "kind"):
+        return
+    section = data.get("train", {}).get("objective")
+    if not isinstance(section, dict):
+        return
+    old_kind = section.get("kind", DEFAULT_OBJECTIVE)
+    if old_kind == value:
+        return
+    old, new = objective_config(old_kind), objective_config(value)
+    dropped = [k for k in section if k != "kind" and (_declared_by(new, k) is None
+                                                      or _declared_by(new, k) is not _declared_by(old, k))]
+    for key in dropped:
+        del section[key]
+    if dropped:
+        log.warning("train.objective.kind=%s: dropped the file's %s, set for kind %r (%s reads %s); set them "
+                    "again with --set if meant", value, ", ".join(f"train.objective.{k}" for k in dropped), old_kind,
+                    value, "them differently or not at all" if len(dropped) > 1 else "it differently or not at all")
+
+
 def apply_override(data: dict, text: str) -> None:
     """Set one ``key.path=value`` override into a nested dict, checking the path exists (the keys of
-    model.decoder and train.objective: those of the kind the dict names there)."""
+    model.decoder and train.objective: those of the kind the dict names there). Changing train.objective.kind
+    drops the file's keys of the old kind that the new one reads otherwise (``_drop_other_kinds_keys``)."""
     kinds = _kinds(data)
     parts, value = parse_override(text, kinds)
+    if parts[-1] == "kind":
+        try:
+            _drop_other_kinds_keys(data, parts, value)
+        except ValueError:  # an unknown kind: the section lookup below names the valid ones
+            pass
     path = ".".join(parts)
     typ = _field_type_at(parts, kinds)
     if dataclasses.is_dataclass(typ) and not isinstance(value, dict):

@@ -159,7 +159,8 @@ def format_report() -> str:
         lines.append(
             f"| {LABELS[name]} | {s['BLEU-4']:.1f} | {s['METEOR']:.1f} | {s['CIDEr-D']:.1f} | "
             f"{g['words']:,} / {g['inside']:.3f} ({g['uniform']:.3f}, {g['mean_map']:.3f}) / "
-            f"**{100 * g['pointing']:.1f} %** ({100 * g['mean_map_pointing']:.1f}, {100 * g['centre_pointing']:.1f} %) | "
+            f"**{100 * g['pointing']:.1f} %** ({100 * g['mean_map_pointing']:.1f}, "
+            f"{100 * g['centre_pointing']:.1f} %) | "
             f"{t['inside']:.3f} ({t['uniform']:.3f}, {t['mean_map']:.3f}) / {100 * t['pointing']:.1f} % "
             f"({100 * t['centre_pointing']:.1f} %) | {100 * r['mirror_follow']:.1f} % / "
             f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | "

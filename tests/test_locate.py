@@ -157,3 +157,24 @@ def test_resume_reads_no_hub_id(folder, offline_cache, in_hub_cache):
     in_hub_cache(offline_cache, "someone/tiny-captioner", folder)
     with pytest.raises(CheckpointError, match="^checkpoint not found: someone/tiny-captioner$"):
         resume_payload(load_config(SMOKE), "someone/tiny-captioner", world=1)
+
+
+def test_a_missing_run_folder_is_named_without_asking_the_hub(tmp_path, monkeypatch, capsys):
+    """`train.init: runs/flickr8k_hard` before that run exists was sent to huggingface.co as a model id (about 25 s
+    offline, then a traceback): a path under runs/ or under an existing folder is a missing path."""
+    import captioner.store.locate as locate_mod
+    from captioner.commands.train import main as train_main
+    from captioner.store.checkpoint import CheckpointError
+    from captioner.store.hub import looks_like_repo_id
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(locate_mod, "hub_model_folder", lambda text: pytest.fail(f"asked the hub for {text}"))
+    (tmp_path / "mine").mkdir()
+    assert not looks_like_repo_id("runs/flickr8k_hard") and not looks_like_repo_id("mine/model")
+    assert looks_like_repo_id("owner/name")
+    with pytest.raises(CheckpointError, match="checkpoint not found: runs/flickr8k_hard"):
+        locate_mod.locate("runs/flickr8k_hard", prefer="best")
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+    assert train_main(["--config", str(smoke), "--init", "runs/nothere"]) == 1
+    err = capsys.readouterr().err
+    assert "captioner train: error: checkpoint not found: runs/nothere" in err and "Traceback" not in err

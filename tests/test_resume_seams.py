@@ -122,3 +122,20 @@ def test_resume_restores_the_gradient_scaler(data_root, tmp_path, monkeypatch):
     assert a["scaler"] == b["scaler"] and b["scaler"]["scale"] > halfway["scale"]
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_an_objective_switched_on_resume_keeps_training_with_its_own_fresh_state():
+    """A leave-one-out run resumed with train.objective.kind=reinforce ended in KeyError: 'baseline' (a loo
+    checkpoint saves its objective state as {}): the REINFORCE baseline now starts unset, as in a new run."""
+    from types import SimpleNamespace
+
+    from captioner.training.objectives.location import Reinforce
+    from captioner.training.objectives.sections import ReinforceConfig
+
+    objective = Reinforce(ReinforceConfig(), SimpleNamespace(box_targets=None))
+    objective.load_state_dict({})  # what a loo, gumbel or scst checkpoint holds
+    assert objective.baseline is None
+    objective.after_step(2.0)
+    assert objective.baseline == 2.0
+    objective.load_state_dict({"baseline": 1.5})
+    assert objective.baseline == 1.5

@@ -121,17 +121,27 @@ def test_a_new_run_moves_an_earlier_runs_files_aside(tmp_path, caplog):
     assert again is not None and again != moved and (again / "last.pt").read_text() == "again"
 
 
-def test_resume_of_a_folder_without_last_pt_is_refused_saying_how_to_start_again(tmp_path, capsys):
-    """A run killed before its first epoch ended left no last.pt: --resume has nothing to continue from."""
+def test_resume_of_a_folder_without_last_pt_starts_the_run_there_as_a_requeue_needs(tmp_path, capsys, monkeypatch):
+    """A job preempted before its first epoch ended left no last.pt, and a scheduler's requeue passes --resume
+    every time: the run starts there from its first epoch (it used to be refused on every requeue), with the
+    folder's config.yaml or --config; with neither it is refused, naming what to give."""
+    import captioner.commands.train as train_cmd
+
+    started = []
+    monkeypatch.setattr(train_cmd, "train", lambda cfg, resume=None: started.append((cfg, resume)) or cfg.train.run_dir)
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
     assert train_main(["--resume", str(run)]) == 1
-    err = capsys.readouterr().err
-    assert f"{run} holds no last.pt, so there is nothing to resume" in err
-    assert f"--config CONFIG --set train.run_dir={run}" in err
-    run.config.write_text("train: {}\n")
-    assert train_main(["--resume", str(run)]) == 1
-    assert f"Start it again without --resume: captioner train --config {run.config}" in capsys.readouterr().err
+    assert (f"--resume {run}: no last.pt there yet and no config.yaml to start the run from: give the config, "
+            f"captioner train --config CONFIG --resume {run}") in capsys.readouterr().err
+    # the folder's own config.yaml, whose run_dir may name another folder (a run moved aside): this folder wins
+    run.config.write_text(f"train: {{run_dir: {tmp_path / 'elsewhere'}}}\n")
+    assert train_main(["--resume", str(run)]) == 0
+    assert started[-1][1] is None and started[-1][0].train.run_dir == str(run.root)
+    # a folder the scheduler never started, with --config
+    fresh = tmp_path / "not-yet"
+    assert train_main(["--config", str(SMOKE), "--resume", str(fresh)]) == 0
+    assert started[-1][1] is None and started[-1][0].train.run_dir == str(fresh)
 
 
 @pytest.mark.slow

@@ -17,7 +17,9 @@ from captioner.store.rundir import RunDir
 from captioner.store.saved_config import load_run_config
 from captioner.training.errors import TrainingError
 from captioner.training.loop import train
-from captioner.training.resume import require_resumable
+from captioner.training.resume import nothing_to_resume
+
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
                              "when --config is not given; --set still applies); a run killed at any moment "
-                             "continues to the same epochs and weights. A folder without last.pt (stopped before "
-                             "its first epoch ended) is refused: start it again without --resume")
+                             "continues to the same epochs and weights. A folder without last.pt yet (a job "
+                             "preempted in its first epoch, or not started: what a scheduler's requeue passes) "
+                             "starts the run there from its first epoch, with --config or the folder's config.yaml")
     return parser
 
 
@@ -46,18 +49,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from captioner.store.checkpoint import CheckpointError
+    from captioner.store.hub import ModelFolderError
 
     try:
-        if args.resume is not None:
-            require_resumable(args.resume)  # before reading its config.yaml, which may not be there either
-        if args.config is None and args.resume is not None and Path(args.resume).is_dir():
-            cfg = load_run_config(RunDir(args.resume).config, args.overrides)  # as the run saved it
+        resume = args.resume
+        start_over = resume is not None and nothing_to_resume(resume)
+        run = RunDir(resume) if resume is not None else None
+        if start_over and args.config is None and not run.config.is_file():
+            raise TrainingError(f"--resume {resume}: no last.pt there yet and no config.yaml to start the run from: "
+                                f"give the config, captioner train --config CONFIG --resume {resume}")
+        if args.config is None and resume is not None and Path(resume).is_dir():
+            cfg = load_run_config(run.config, args.overrides)  # as the run saved it
         else:
             cfg = load_config(args.config, args.overrides)
+        if start_over:  # a requeued job that never reached its first checkpoint: it starts there, from epoch 1
+            cfg.train.run_dir = str(run.root)
+            log.warning("--resume %s: no last.pt there yet (stopped before its first epoch ended, or never started): "
+                        "starting the run there from its first epoch", resume)
+            resume = None
         if args.init is not None:
             cfg.train.init = args.init
-        run_dir = train(cfg, resume=args.resume)
-    except (ConfigError, DataError, TrainingError, CheckpointError) as err:
+        run_dir = train(cfg, resume=resume)
+    except (ConfigError, DataError, TrainingError, CheckpointError, ModelFolderError) as err:
         print(f"captioner train: error: {err}", file=sys.stderr)
         return 1
     finally:

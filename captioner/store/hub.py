@@ -338,9 +338,18 @@ def load_folder_weights(model: nn.Module, tensors: dict[str, torch.Tensor], meta
 # --------------------------------------------------------------------------- a hub's local cache
 
 
+# first path parts that make a missing "a/b" a local path, never a hub id: the run folders' conventional root
+LOCAL_ROOTS = ("runs",)
+
+
 def looks_like_repo_id(text: str) -> bool:
-    """Whether ``text`` reads as a hub model id (owner/name) rather than a path: no such path exists."""
-    return REPO_ID.fullmatch(text) is not None and not Path(text).exists()
+    """Whether ``text`` reads as a hub model id (owner/name) rather than a path: no such path exists, and its owner
+    part is not a local folder (``runs/flickr8k_hard`` before that run exists is a missing path, not a model on
+    huggingface.co: asking the hub would wait on the network and answer about something else)."""
+    if REPO_ID.fullmatch(text) is None or Path(text).exists():
+        return False
+    owner = text.split("/", 1)[0]
+    return owner not in LOCAL_ROOTS and not Path(owner).is_dir()
 
 
 def _truthy(value: str | None) -> bool:

@@ -5,7 +5,8 @@ A resumed run must continue the same run: its config's model and data sections u
 change, and of those not the optimizer's schedule, nor ``train.epochs`` when a schedule spans it: the cosine rate, the
 Gumbel temperature; ``check_resumed_schedule``), its latest ``last.pt`` (an earlier checkpoint would rewrite the
 metrics log without the later epochs; the refusal says how to branch a copy; a folder without one has nothing to
-resume: ``require_resumable``) and the same number of processes. A run that starts from another's weights
+resume: ``nothing_to_resume``, which `captioner train --resume` starts from its first epoch) and the same number
+of processes. A run that starts from another's weights
 (``train.init``) must share its model and data sections except the few ``INIT_MAY_DIFFER`` names (the attention
 kind, dropouts, the encoder's trained top).
 """
@@ -107,7 +108,10 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     model folder (shipped, exported or a hub's) holds no training state to continue, and is refused saying so."""
     if resume is None:
         return None
-    require_resumable(resume)
+    if nothing_to_resume(resume):  # the command starts such a run over (commands/train.py); train() is told
+        raise TrainingError(f"--resume {resume}: {RunDir(resume)} holds no {RunDir(resume).last.name} yet, so "
+                            "there is nothing to resume; start the run without resume (`captioner train --config "
+                            f"CONFIG --resume {resume}` does that by itself)")
     source = locate(resume, prefer="last", hub=False)
     if source.kind != "checkpoint":  # without hub ids: a shipped model or a model folder
         what = (f"the shipped model {source.path.name}" if source.kind == "shipped"
@@ -127,17 +131,17 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     return payload
 
 
-def require_resumable(resume: str) -> None:
-    """A run folder without last.pt (a run stopped before its first epoch ended, or none ever ran there) has nothing
-    to resume: refused, saying how to start it again (a new run moves the folder's files aside first)."""
+def nothing_to_resume(resume: str) -> bool:
+    """Whether ``--resume`` names a run folder that holds no last.pt yet: a job preempted before its first epoch
+    ended, or one its scheduler has not started (the folder may not exist). A scheduler's requeue passes the same
+    ``--resume`` every time, so such a run starts from its first epoch there (commands/train.py) instead of being
+    refused. A checkpoint file, a model folder or a shipped name is not a run folder: resume_payload says what it
+    is."""
     run = RunDir(resume)
-    if not run.root.is_dir() or run.last.is_file() or is_model_folder(run.root):
-        return  # a checkpoint file, a missing path or a model folder: resume_payload says what it is
-    config = f"--config {run.config}" if run.config.is_file() else f"--config CONFIG --set train.run_dir={run}"
-    raise TrainingError(
-        f"--resume {resume}: {run} holds no {run.last.name}, so there is nothing to resume (the run stopped before "
-        f"its first epoch ended, or never trained there). Start it again without --resume: captioner train {config} "
-        f"(what the folder holds is moved aside first)")
+    if run.root.is_dir():
+        return not run.last.is_file() and not is_model_folder(run.root)
+    looks_like_folder = ("/" in resume or resume.startswith(".")) and Path(resume).suffix != ".pt"
+    return not run.root.exists() and looks_like_folder
 
 
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:

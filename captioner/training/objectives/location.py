@@ -63,7 +63,9 @@ class Reinforce(_LocationPolicy):
         return {"baseline": self.baseline}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.baseline = state["baseline"]
+        # a checkpoint of another objective (loo, gumbel and scst keep no state: {}) resumed as reinforce: the
+        # moving baseline starts unset, as in a new run (its first step uses its own mean reward)
+        self.baseline = state.get("baseline")
 
 
 class LeaveOneOut(_LocationPolicy):
