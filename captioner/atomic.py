@@ -35,14 +35,15 @@ class DiskFullError(OSError):
     None when unknown). The target was left as it was (see the module docstring)."""
 
     def __init__(self, path: str | Path, free: int | None, cause: BaseException | None = None,
-                 action: str = "write") -> None:
-        self.path, self.free = Path(path), free
+                 action: str = "write", needed: int | None = None) -> None:
+        self.path, self.free, self.needed = Path(path), free, needed
         left = "unknown" if free is None else format_bytes(free)
         quota = isinstance(cause, OSError) and cause.errno == errno.EDQUOT or "quota" in str(cause)
         full = "your disk quota is used up" if quota else "the disk is full"
         reason = f"; {type(cause).__name__}: {_first_line(cause)}" if cause is not None else ""
+        need = f", {format_bytes(needed)} needed" if needed is not None else ""
         super().__init__(errno.ENOSPC, f"cannot {action} {path}: {full} ({left} free on the file system holding "
-                                       f"{self.path.parent}{reason}). Free some space or write elsewhere; the "
+                                       f"{self.path.parent}{need}{reason}). Free some space or write elsewhere; the "
                                        f"previous file, if any, is intact and nothing was left half written")
 
     def __str__(self) -> str:
@@ -80,11 +81,12 @@ def disk_free(path: str | Path) -> int | None:
         return None
 
 
-def raise_if_disk_full(err: BaseException, path: str | Path, action: str = "write") -> None:
-    """Raise ``DiskFullError`` for ``path`` (from ``err``) when ``err`` is a full disk; otherwise return, and the
-    caller re-raises or wraps ``err`` as it would."""
+def raise_if_disk_full(err: BaseException, path: str | Path, action: str = "write", needed: int | None = None) -> None:
+    """Raise ``DiskFullError`` for ``path`` (from ``err``) when ``err`` is a full disk (``needed``: the bytes the
+    write wanted, named in the message when known); otherwise return, and the caller re-raises or wraps ``err`` as
+    it would."""
     if is_disk_full(err):
-        raise DiskFullError(path, disk_free(Path(path).parent), err, action) from err
+        raise DiskFullError(path, disk_free(Path(path).parent), err, action, needed) from err
 
 
 def temp_name(path: Path) -> Path:

@@ -194,3 +194,27 @@ def test_an_overlay_on_a_full_disk_says_so_and_leaves_nothing(tmp_path, monkeypa
     with pytest.raises(DiskFullError, match=r"overlay\.png.*disk is full"):
         visualize.save_overlay(image, result, tmp_path / "overlay.png")
     assert _only(tmp_path) == []
+
+
+def test_extract_and_train_on_a_full_disk_name_the_space_needed_and_leave_no_grid_file(tmp_path, monkeypatch,
+                                                                                        free_1234, capsys):
+    """Reserving the feature cache on a full disk was a traceback in `captioner extract` and `train` (rc 1, two
+    tracebacks) that left a sparse grids.f16 without an index while saying nothing was left half written."""
+    import os
+
+    from captioner.commands.extract import main as extract
+    from captioner.commands.train import main as train
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+    sets = ["--set", f"data.root={tmp_path / 'data'}", "--set", f"train.run_dir={tmp_path / 'run'}",
+            "--set", "train.num_threads=1"]
+    for command in (extract, train):
+        assert command(["--config", str(smoke), *sets]) == 1
+        err = capsys.readouterr().err
+        assert "cannot reserve the feature cache" in err and "the disk is full (1.2 kB free" in err
+        assert "needed" in err and "Traceback" not in err
+        assert not list((tmp_path / "data").rglob("grids.f16"))

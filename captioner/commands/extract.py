@@ -14,6 +14,7 @@ import sys
 from typing import Any, Sequence
 
 from captioner.api import build_encoder_from_config
+from captioner.atomic import DiskFullError
 from captioner.commands.arguments import int_at_least
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.features import FeatureCacheError, cache_dir_for, extract_features
@@ -83,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers,
                                  max_failure_share=cfg.data.max_failure_share, progress=not args.no_progress,
                                  device=device)
-    except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError) as err:
-        print(f"captioner extract: error: {err}", file=sys.stderr)
+    except (ConfigError, FeatureCacheError, EncoderWeightsError, ValueError, DiskFullError) as err:
+        print(f"captioner extract: error: {err}", file=sys.stderr)  # a full disk: the file, the space free and needed
         return 1
     s = cache.stats
     print(f"done: {s['processed']} images in {s['seconds']:.1f} s ({s['images_per_s']:.1f} images/s); "

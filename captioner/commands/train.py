@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
+from captioner.atomic import DiskFullError
 from captioner.config import ConfigError, add_config_arguments, load_config
 from captioner.data.datasets import DataError
 from captioner.store.rundir import RunDir
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.init is not None:
             cfg.train.init = args.init
         run_dir = train(cfg, resume=resume)
-    except (ConfigError, DataError, TrainingError, CheckpointError, ModelFolderError) as err:
+    except (ConfigError, DataError, TrainingError, CheckpointError, ModelFolderError, DiskFullError) as err:
         print(f"captioner train: error: {err}", file=sys.stderr)
         return 1
     finally:

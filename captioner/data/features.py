@@ -247,13 +247,21 @@ def _prepare_cache(directory: Path, ids: list[str], fingerprint: dict, grid_hw: 
         # its blocks: a memmap store into a sparse file on a full disk kills the process with SIGBUS, while the
         # reservation fails here, with ENOSPC, named (atomic.DiskFullError)
         size = len(rows) * L * dim * 2
+        existed = grids.is_file()
+        before = grids.stat().st_size if existed else 0
         try:
             with open(grids, "ab") as f:
                 f.truncate(max(os.fstat(f.fileno()).st_size, size))
                 if hasattr(os, "posix_fallocate") and size:
                     os.posix_fallocate(f.fileno(), 0, size)
         except OSError as err:
-            raise_if_disk_full(err, grids, action="reserve the feature cache")
+            # nothing half made stays: a new file goes, an old one returns to its size (its rows are intact)
+            with contextlib.suppress(OSError):
+                if existed:
+                    os.truncate(grids, before)
+                else:
+                    grids.unlink()
+            raise_if_disk_full(err, grids, action="reserve the feature cache", needed=max(size - before, 0))
             raise
         _write_json_atomic(index_path, {"format_version": FORMAT_VERSION, "fingerprint": fingerprint,
                                         "grid_hw": list(grid_hw), "dim": dim, "dtype": "float16", "rows": rows})
