@@ -227,3 +227,28 @@ def test_rejects_bad_arguments(tmp_path):
         generate_shapes(tmp_path, n_train=1, n_val=-1, n_test=0)
     with pytest.raises(ValueError, match="image_size"):
         generate_shapes(tmp_path, image_size=8)
+
+
+def test_a_second_process_waits_for_the_one_generating_the_same_root_then_finds_it_done(tmp_path, caplog):
+    """Two `captioner extract` runs that had to regenerate one shapes root together both deleted stale images, and
+    one ended in FileNotFoundError: the generation now holds the root's lock, and a second one waits for it."""
+    import fcntl
+    import threading
+
+    out = tmp_path / "shapes"
+    generate_shapes(out, n_train=3, n_val=1, n_test=1, image_size=32)  # what is on disk: a smaller set
+    out.mkdir(exist_ok=True)
+    held = open(shapes.lock_path(out), "a")  # another process generating here (flock: per open file)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    done = []
+    with caplog.at_level("WARNING"):
+        worker = threading.Thread(target=lambda: done.append(
+            generate_shapes(out, n_train=6, n_val=2, n_test=2, image_size=32)))
+        worker.start()
+        worker.join(timeout=1.0)
+        assert worker.is_alive() and not done  # waiting, not drawing beside the other
+        fcntl.flock(held, fcntl.LOCK_UN)
+        held.close()
+        worker.join(timeout=60)
+    assert done and "waiting for another process that is generating the shapes data" in caplog.text
+    assert len(list((out / "images").glob("*.png"))) == 10

@@ -21,16 +21,20 @@ a model must learn is nearly deterministic given the picture. Image i is drawn f
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from captioner.atomic import raise_if_disk_full, write_text_atomic
+
+log = logging.getLogger(__name__)
 
 SHAPES = ["circle", "square", "triangle", "star"]
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
@@ -103,7 +107,43 @@ def generate_shapes(
     }
     if _is_complete(out_dir, params):
         return json_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _preparing(out_dir):  # one process draws; another one that started together waits, then finds it done
+        if _is_complete(out_dir, params):
+            return json_path
+        return _draw_data_set(out_dir, params, json_path)
 
+
+def lock_path(out_dir: Path) -> Path:
+    """The lock file of a shapes root: beside it, not in it (the root holds the data set and nothing else)."""
+    return out_dir.parent / f".{out_dir.name}.generating.lock"
+
+
+@contextlib.contextmanager
+def _preparing(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir``'s lock while the data set is drawn there: two processes that need the same (re)generated
+    root (two `captioner extract` runs started together) used to both delete the other's stale images and crash.
+    The second waits, saying for what. Where file locks do not exist (Windows), nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_path(out_dir), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process that is generating the shapes data in %s", out_dir)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _draw_data_set(out_dir: Path, params: dict[str, Any], json_path: Path) -> Path:
+    n_train, n_val, n_test = params["n_train"], params["n_val"], params["n_test"]
+    image_size, seed = params["image_size"], params["seed"]
     # The JSON is the "complete" marker: remove a stale one first so a run killed while drawing images
     # can never be mistaken for a finished data set.
     json_path.unlink(missing_ok=True)
@@ -137,7 +177,7 @@ def generate_shapes(
     keep = {e["filename"] for e in entries}
     for stale in image_dir.glob("*.png"):
         if re.fullmatch(r"\d{6}\.png", stale.name) and stale.name not in keep:
-            stale.unlink()
+            stale.unlink(missing_ok=True)
 
     dataset = {"dataset": "shapes", "params": params, "shapes": SHAPES, "colours": COLOURS, "sizes": SIZES,
                "images": entries}
