@@ -169,3 +169,22 @@ def test_a_rerun_in_a_used_folder_averages_its_own_epochs(tmp_path):
     assert averaged["epoch"] == 2 and averaged["run_id"] == run_id
     expected = average_checkpoints(kept)["model"]
     assert all(torch.equal(v, expected[k]) for k, v in averaged["model"].items())
+
+
+def test_the_advice_after_moving_a_run_aside_leads_to_a_command_that_works(tmp_path, caplog):
+    """It always suggested `--resume RUN/previous-X`, even for a folder with no last.pt: a moved run with last.pt is
+    continued that way, one without is started again in its own folder (its config.yaml), and one with neither
+    gets no command."""
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    run.config.write_text("train: {}\n")
+    run.metrics.write_text("")
+    with caplog.at_level("WARNING"):
+        moved = start_clean(run)
+    assert f"(it had no last.pt: to start that run again in its own folder: captioner train --resume {moved})" \
+        in caplog.text
+    caplog.clear()
+    (run.root / "metrics.jsonl").write_text("")
+    with caplog.at_level("WARNING"):
+        bare = start_clean(run)
+    assert f"moved them to {bare}" in caplog.text and "--resume" not in caplog.text

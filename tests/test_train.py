@@ -146,6 +146,9 @@ def test_nonfinite_run_stops_training_without_saving(data_root, tmp_path, fake_s
     after = load_checkpoint(tmp_path / "run" / "last.pt")
     assert after["epoch"] == 1
     assert all(torch.equal(before[k], after["model"][k]) for k in before)
+    # in a run's first epoch there is no good checkpoint to name (it named last.pt, which did not exist)
+    with pytest.raises(TrainingError, match="no checkpoint yet: the run had not finished an epoch"):
+        train(_cfg(data_root, tmp_path / "fresh", "train.epochs=1", "train.max_nonfinite_steps=3"))
 
 
 def test_early_stopping_and_best_checkpoint(data_root, tmp_path, monkeypatch):

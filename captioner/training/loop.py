@@ -193,9 +193,10 @@ def _train_step(run: "_Run", objective: Objective, batch: Any) -> LossOutput | N
         if progress.nonfinite_run >= t.max_nonfinite_steps:
             raise TrainingError(
                 f"{progress.nonfinite_run} consecutive steps had a non-finite loss or gradient (epoch "
-                f"{progress.epoch + 1}, step {progress.step}); stopped without saving these weights (last good "
-                f"checkpoint: {RunDir(t.run_dir).last}). Try a lower train.lr, train.grad_clip > 0 or "
-                "train.amp=none")
+                f"{progress.epoch + 1}, step {progress.step}); stopped without saving these weights ("
+                + (f"last good checkpoint: {RunDir(t.run_dir).last}" if RunDir(t.run_dir).last.is_file() else
+                   "no checkpoint yet: the run had not finished an epoch")
+                + "). Try a lower train.lr, train.grad_clip > 0 or train.amp=none")
         return None
     progress.nonfinite_run = 0
     scaler.step(optimizer)

@@ -53,9 +53,14 @@ def start_clean(run_dir: RunDir) -> Path | None:
     for path in found:
         os.replace(path, target / path.name)
     fsync_directory(run_dir.root)
-    log.warning("%s held an earlier run's files (%s); this new run starts clean and moved them to %s (to continue "
-                "that run instead: captioner train --resume %s)", run_dir, ", ".join(p.name for p in found), target,
-                target)
+    # the advice must lead somewhere: --resume continues a moved run with a last.pt, and starts one without one
+    # there from its first epoch (its config.yaml, run_dir set to that folder: commands/train.py)
+    moved = RunDir(target)
+    what = ("to continue that run instead" if moved.last.is_file() else
+            "it had no last.pt: to start that run again in its own folder" if moved.config.is_file() else None)
+    log.warning("%s held an earlier run's files (%s); this new run starts clean and moved them to %s%s", run_dir,
+                ", ".join(p.name for p in found), target,
+                f" ({what}: captioner train --resume {target})" if what else "")
     return target
 
 
