@@ -154,6 +154,8 @@ class TrainConfig:
     run_dir: str = "runs/default"
     max_nonfinite_steps: int = 10  # consecutive skipped steps before training stops
     time_budget_s: float = 0.0  # 0 = no limit; else stop when the next epoch would end past it (extraction counts)
+    # minutes between mid-epoch saves of last.pt (0: at epoch ends only); SIGTERM and SIGUSR1 save one too
+    save_every_min: float = 0.0
     log_every: int = 50
     tensorboard: str = "auto"  # auto (log when installed) | on (required) | off; see captioner/training/tblog.py
     tensorboard_images: int = 3  # validation images logged with caption and attention overlay per epoch (W&B too)

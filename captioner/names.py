@@ -78,7 +78,8 @@ NON_NEGATIVE = (
     "data.min_count", "data.num_workers", "data.shapes.n_train", "data.shapes.n_val",
     "data.shapes.n_test", "model.encoder.grid_size", "model.encoder.proj_dim",
     "model.encoder.finetune_blocks", "model.encoder.self_attention_layers", "train.weight_decay",
-    "train.grad_clip", "train.val_max_images", "train.time_budget_s", "train.num_threads", "eval.length_penalty",
+    "train.grad_clip", "train.val_max_images", "train.time_budget_s", "train.save_every_min", "train.num_threads",
+    "eval.length_penalty",
     "eval.max_length", "train.tensorboard_images", "train.average_last",
 )
 UNIT_INTERVAL = (

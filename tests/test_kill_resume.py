@@ -162,8 +162,9 @@ def test_a_snapshot_lost_by_an_earlier_version_is_written_again_on_resume(data_r
 
 def _command(run_dir: Path, data_root: Path) -> list[str]:
     cmd = [sys.executable, "-m", "captioner", "train", "--config", str(SMOKE)]
+    # last.pt inside epochs too, about every batch: kills land between such saves as well as between epochs
     for setting in (f"data.root={data_root}", f"train.run_dir={run_dir}", "train.num_threads=1",
-                    "train.tensorboard=off", *KEEP):
+                    "train.tensorboard=off", "train.save_every_min=0.001", *KEEP):
         cmd += ["--set", setting]
     return cmd
 
@@ -189,8 +190,9 @@ def test_sigkills_at_random_moments_then_resume_give_the_uninterrupted_run(tmp_p
     """An uninterrupted run of three epochs (kept, the last two averaged) is measured; then runs are SIGKILLed after
     delays drawn uniformly within its duration (start-up, training, validation, every save; stretched when a late
     kill still finds no last.pt: the machine got slower, as beside other tests) and resumed with
-    --resume until they complete, at least five kills in all. A kill before the first last.pt leaves nothing to
-    resume (--resume refuses it: tests/test_run_identity.py): the run starts again without --resume. Each completed
+    --resume until they complete, at least five kills in all. Each is restarted as a scheduler's requeue does: the
+    same command, --resume included, every time (train.save_every_min writes last.pt inside epochs too): a kill before
+    the first last.pt starts the run again there, one after a save continues from the batch after it. Each completed
     run logged epochs 1, 2, 3 once each, ends on the uninterrupted run's weights bit for bit, and its averaged.pt
     is the mean of its own epoch 2 and 3 snapshots, which carry its run id."""
     data_root, log = tmp_path / "data", tmp_path / "stderr.log"
@@ -203,15 +205,15 @@ def test_sigkills_at_random_moments_then_resume_give_the_uninterrupted_run(tmp_p
         run = RunDir(tmp_path / f"killed-{runs}")
         while True:
             assert len(kills) < 40, "\n".join(kills)  # a machine so slow that no resume ever completes
-            cmd = ([sys.executable, "-m", "captioner", "train", "--resume", str(run)] if run.last.is_file()
-                   else _command(run.root, data_root))
+            cmd = _command(run.root, data_root) + ["--resume", str(run)]  # a requeue: always the same command
             delay = rng.uniform(0, duration)
             status = _run(cmd, log, kill_after=delay)
             if status == 0:
                 break
             assert status == -signal.SIGKILL, log.read_text()[-3000:]
-            saved = load_checkpoint(run.last)["epoch"] if run.last.is_file() else None
-            kills.append(f"run {runs}: killed after {delay:.1f} s, last.pt at epoch {saved}")
+            last = load_checkpoint(run.last) if run.last.is_file() else None
+            saved = None if last is None else (last["epoch"], (last.get("in_epoch") or {}).get("batches"))
+            kills.append(f"run {runs}: killed after {delay:.1f} s, last.pt at (epochs done, batches) {saved}")
             if saved is None and delay > duration / 2:  # the machine got slower than when it was measured
                 duration *= 1.25
         runs += 1
@@ -226,3 +228,69 @@ def test_sigkills_at_random_moments_then_resume_give_the_uninterrupted_run(tmp_p
         averaged, mean = load_checkpoint(run.averaged), average_checkpoints(kept[1:])
         assert averaged["averaged_from"] == [str(p) for p in kept[1:]] and averaged["run_id"] == run_id
         assert all(torch.equal(v, mean["model"][k]) for k, v in averaged["model"].items())
+
+
+def _timeless(run: RunDir) -> list[dict]:
+    """The metrics log without its clock readings (what a resumed run cannot repeat)."""
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith(("time_s", "per_s"))}
+            for line in run.metrics.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight_two(data_root, tmp_path_factory) -> RunDir:
+    """An uninterrupted run of two epochs that never saves inside an epoch."""
+    with pytest.MonkeyPatch.context() as mp:
+        _scored_by_val_loss(mp)
+        return RunDir(train(_cfg(data_root, tmp_path_factory.mktemp("straight_two"), "train.epochs=2")))
+
+
+@pytest.mark.slow
+def test_kills_inside_epochs_then_resume_give_the_uninterrupted_run_bit_for_bit(data_root, tmp_path, monkeypatch,
+                                                                                straight_two):
+    """train.save_every_min writes last.pt inside epochs (here after every batch): a run killed several times,
+    inside epochs and at their ends, and resumed each time, ends with the uninterrupted run's weights, best.pt and
+    metrics (clock readings aside), each epoch logged once; the saves themselves change nothing."""
+    _scored_by_val_loss(monkeypatch)
+    sets = ["train.epochs=2", "train.save_every_min=1e-9"]
+    run = RunDir(tmp_path / "run")
+    inside = 0
+    for nth in (3, 4, 6, 2):  # the process dies as it starts its nth last.pt write of that session
+        with monkeypatch.context() as mp:
+            _die_at(mp, "last.pt", nth)
+            with pytest.raises(Killed):
+                train(_cfg(data_root, run.root, *sets), resume=str(run.root) if run.last.is_file() else None)
+        inside += load_checkpoint(run.last).get("in_epoch") is not None
+    assert inside >= 3  # most kills landed inside an epoch, after a save there
+    train(_cfg(data_root, run.root, *sets), resume=str(run.root))
+    assert _epochs(run) == [1, 2]
+    assert load_checkpoint(run.last).get("in_epoch") is None  # an epoch's end holds no partial epoch
+    for path in ("last", "best"):
+        assert _equal_weights(getattr(run, path), getattr(straight_two, path)), path
+    assert _timeless(run) == _timeless(straight_two)
+
+
+@pytest.mark.slow
+def test_a_preemption_signal_saves_inside_the_epoch_and_the_resume_is_exact(data_root, tmp_path, monkeypatch,
+                                                                           straight_two, wrap_objective_loss):
+    """SIGTERM (and Slurm's SIGUSR1) mid-epoch: last.pt is saved after the batch in progress and the run stops,
+    saying how to continue; the same command with --resume ends on the uninterrupted run's weights."""
+    _scored_by_val_loss(monkeypatch)
+    steps = {"n": 0}
+
+    def signal_at_fifth_step(loss, forward, batch):
+        steps["n"] += 1
+        if steps["n"] == 5:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only notes it: the step finishes
+        return loss(forward, batch)
+
+    run = RunDir(tmp_path / "run")
+    with monkeypatch.context() as mp:
+        mp.setattr(loop_mod, "build_objective", loop_mod.build_objective)  # undone after: the wrap below
+        wrap_objective_loss(signal_at_fifth_step)
+        with pytest.raises(loop_mod.TrainingError, match=rf"stopped by SIGTERM inside epoch 1, after its batch 5: "
+                                                         rf"{run.last} holds where it stopped"):
+            train(_cfg(data_root, run.root, "train.epochs=2"))
+    part = load_checkpoint(run.last)["in_epoch"]
+    assert (part["epoch"], part["batches"], part["n_steps"]) == (0, 5, 5) and not run.metrics.read_text().strip()
+    train(_cfg(data_root, run.root, "train.epochs=2"), resume=str(run.root))
+    assert _equal_weights(run.last, straight_two.last) and _timeless(run) == _timeless(straight_two)

@@ -9,6 +9,7 @@ every epoch depends only on (seed, epoch), which is what makes a resumed run con
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from typing import Any
 
@@ -98,11 +99,26 @@ def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: li
     return train_set, make(val_records, False), make(val_records, True)
 
 
+class _SkipFirst(torch.utils.data.Sampler):
+    """``sampler``'s order without its first ``n`` indices, drawn the same way (a resume inside an epoch: the
+    batches already trained are not read again)."""
+
+    def __init__(self, sampler: Any, n: int) -> None:
+        self.sampler, self.n = sampler, n
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.n, None)
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.n, 0)
+
+
 def epoch_loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int, rank: int, world: int,
-                 shuffle: bool, num_workers: int, pin_memory: bool) -> DataLoader:
+                 shuffle: bool, num_workers: int, pin_memory: bool, skip_batches: int = 0) -> DataLoader:
     """The order of epoch ``epoch`` depends only on (seed, epoch): what makes resume exact, with workers or
     without (they return batches in the sampler's order). Its batches hold cached grids as float16: read them
-    through ``CaptionBatch.to(device)``, which widens them to float32 on the device."""
+    through ``CaptionBatch.to(device)``, which widens them to float32 on the device. ``skip_batches``: start after
+    that many batches of the epoch (a resume from a checkpoint saved inside it)."""
     generator = torch.Generator().manual_seed(seed + epoch)
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
@@ -111,6 +127,8 @@ def epoch_loader(dataset: CaptionDataset, batch_size: int, epoch: int, seed: int
         sampler = RandomSampler(dataset, generator=generator)
     else:
         sampler = None
+    if skip_batches:
+        sampler = _SkipFirst(sampler if sampler is not None else range(len(dataset)), skip_batches * batch_size)
     # generator= also feeds the loader's worker base seed, which would otherwise draw on the global RNG.
     # Cached rows stay float16 to the device: the loop moves each batch with CaptionBatch.to, which widens there.
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,

@@ -33,10 +33,13 @@ The ``captioner train`` command (its flags, errors and exit status) is captioner
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -380,41 +383,132 @@ def _restore_scaler(run: _Run, payload: dict) -> None:
 
 
 def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
-    """One pass over the training set (steps, running means on the bar and TensorBoard), then the schedule's step."""
+    """One pass over the training set (steps, running means on the bar and TensorBoard), then the schedule's step.
+    A checkpoint saved inside this epoch (``progress.in_epoch``) continues it from its next batch, with its running
+    sums; ``train.save_every_min`` and a preemption signal (SIGTERM, SIGUSR1) save one (``_save_inside_epoch``)."""
     from tqdm import tqdm
 
     t, model, progress = run.cfg.train, run.model, run.progress
     model.train()
+    part = progress.in_epoch if progress.in_epoch and progress.in_epoch["epoch"] == epoch else None
+    progress.in_epoch = None
+    done = part["batches"] if part else 0  # batches of this epoch already trained (a resume inside it)
     # grids read from the cache file: workers overlap the reads with the step; preloaded grids are a RAM gather
     num_workers = 0 if getattr(run.train_set, "preloaded", False) else run.cfg.data.num_workers
     loader = epoch_loader(run.train_set, t.batch_size, epoch, t.seed, run.rank, run.world, shuffle=True,
-                     num_workers=num_workers, pin_memory=run.device.type == "cuda")
-    sums: dict[str, torch.Tensor] = {}
-    n_steps, skipped = 0, 0
+                          num_workers=num_workers, pin_memory=run.device.type == "cuda", skip_batches=done)
+    sums: dict[str, torch.Tensor] = {k: torch.tensor(v, dtype=torch.float32, device=run.device)
+                                     for k, v in (part["sums"] if part else {}).items()}
+    n_steps, skipped = (part["n_steps"], part["skipped"]) if part else (0, 0)
     run.objective.on_epoch(epoch)
-    epoch_start = time.monotonic()
+    epoch_start = time.monotonic() - (part["train_time"] if part else 0.0)
+    last_save = time.monotonic()
+    items = part["items"] if part else len(loader.sampler)  # examples of the whole epoch (this rank's)
+    n_batches = done + len(loader)
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{t.epochs}", disable=not run.is_main, mininterval=1.0,
-               dynamic_ncols=True, leave=False)
+               dynamic_ncols=True, leave=False, initial=done, total=n_batches)
     for batch in bar:
         res = _train_step(run, run.objective, batch.to(run.device))
+        done += 1
         if res is None:
             skipped += 1
-            continue
-        n_steps += 1
-        for name, value in {**res.parts, "loss": res.loss.detach()}.items():
-            sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
-        if run.is_main and n_steps % t.log_every == 0:
-            bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
-                             if k in ("loss", "xe", "reward")})
-            if run.writer is not None:
-                run.writer.step({**res.parts, "loss": res.loss.detach()}, run.optimizer.param_groups[0]["lr"],
-                                progress.step)
+        else:
+            n_steps += 1
+            for name, value in {**res.parts, "loss": res.loss.detach()}.items():
+                sums[name] = sums.get(name, 0.0) + value.float()  # tensors: no per-step sync
+            if run.is_main and n_steps % t.log_every == 0:
+                bar.set_postfix({k: f"{float(v) / n_steps:.3f}" for k, v in sums.items()
+                                 if k in ("loss", "xe", "reward")})
+                if run.writer is not None:
+                    run.writer.step({**res.parts, "loss": res.loss.detach()}, run.optimizer.param_groups[0]["lr"],
+                                    progress.step)
+        due = _PREEMPTED.signal is not None or (
+            t.save_every_min > 0 and time.monotonic() - last_save >= 60.0 * t.save_every_min)
+        # the epoch's last batch: its end saves anyway
+        if done < n_batches and broadcast_flag(due, run.world, run.device):
+            _save_inside_epoch(run, {"epoch": epoch, "batches": done, "n_steps": n_steps, "skipped": skipped,
+                                     "sums": {k: float(v) for k, v in sums.items()},
+                                     "train_time": time.monotonic() - epoch_start, "items": items})
+            last_save = time.monotonic()
+            _stop_if_preempted(run, f"inside epoch {epoch + 1}, after its batch {done}")
     bar.close()
     trained_lr = run.optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
     run.scheduler.step()
     train_time = time.monotonic() - epoch_start
     progress.epoch = epoch + 1
-    return _EpochStats(sums, n_steps, skipped, trained_lr, epoch_start, train_time, len(loader.sampler))
+    return _EpochStats(sums, n_steps, skipped, trained_lr, epoch_start, train_time, items)
+
+
+class _Preemption:
+    """The preemption notice a scheduler sends (SIGTERM; Slurm's --signal sends SIGUSR1 ahead of the end): the
+    handler only notes it; the loop saves at the next batch's end (all ranks alike) and stops."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def note(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+    @contextlib.contextmanager
+    def listening(self):
+        """Note the signals while training (main thread only: elsewhere Python cannot install handlers)."""
+        self.signal = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {}
+        for name in self.SIGNALS:
+            if hasattr(signal, name):
+                number = getattr(signal, name)
+                previous[number] = signal.signal(number, self.note)
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
+_PREEMPTED = _Preemption()
+
+
+def _stop_if_preempted(run: _Run, where: str) -> None:
+    """After a save: a noted preemption signal ends the run here, saying how to continue it."""
+    if _PREEMPTED.signal is None:
+        return
+    name = signal.Signals(_PREEMPTED.signal).name
+    raise TrainingError(f"stopped by {name} {where}: {run.run_dir.last} holds where it stopped; the same command "
+                        f"with --resume {run.run_dir.root} continues it exactly")
+
+
+def _checkpoint(run: _Run, rng: list) -> dict:
+    """What last.pt holds: everything an exact resume needs."""
+    return {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
+            "objective": run.objective.state_dict(),
+            "config": config_to_dict(run.cfg),
+            "vocab": run.vocab.to_dict(), **run.progress.payload()}
+
+
+def _save_inside_epoch(run: _Run, part: dict) -> None:
+    """last.pt inside an epoch (atomic, as every save): the weights, optimizer, schedule, objective, scaler and
+    every rank's RNG streams after the batch ``part["batches"]``, and the epoch's running sums; a resume continues
+    from the next batch as if never stopped. Snapshots, best.pt and the metrics log wait for the epoch's end."""
+    from captioner.store.checkpoint import save_checkpoint
+
+    rng = gather_rng_states(run.world, run.device)  # a collective: every rank
+    if not run.is_main:
+        return
+    if not _all_finite(run.model):
+        raise TrainingError(f"non-finite weights inside epoch {part['epoch'] + 1}; not saving them")
+    run.progress.elapsed_s = time.monotonic() - run.started
+    run.progress.in_epoch = part
+    try:
+        run.run_dir.root.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(run.run_dir.last, _checkpoint(run, rng))
+    finally:
+        run.progress.in_epoch = None
 
 
 def _epoch_entry(run: _Run, epoch: int, stats: _EpochStats) -> dict[str, Any]:
@@ -457,11 +551,7 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     if not _all_finite(run.model):  # belt and braces: skipped steps should make this impossible
         raise TrainingError(f"non-finite weights after epoch {entry['epoch']}; not saving them")
     run.progress.elapsed_s = time.monotonic() - run.started
-    ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": {"ranks": rng},
-            "objective": run.objective.state_dict(),
-            "config": config_to_dict(run.cfg),
-            "vocab": run.vocab.to_dict(), **run.progress.payload()}
+    ckpt = _checkpoint(run, rng)
     save_epoch(run.run_dir, ckpt, entry["epoch"], improved, run.cfg.train.keep_epochs, run.progress.history)
     print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
 
@@ -494,12 +584,14 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     started = time.monotonic()  # train.time_budget_s counts data preparation and feature extraction too
     keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
     with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (captioner/fast)
-        run = _set_up(cfg, resume, started)
-        if not run.stopped:
-            for epoch in range(run.progress.epoch, cfg.train.epochs):
+        run = _set_up(cfg, resume, started)  # a SIGTERM here (extraction, say) ends the process as usual
+        with _PREEMPTED.listening():  # while training: saved at the next batch's end, then stopped
+            for epoch in range(run.progress.epoch, cfg.train.epochs) if not run.stopped else ():
                 stats = _train_epoch(run, epoch)
                 if _end_epoch(run, epoch, stats):
                     break
+                if broadcast_flag(_PREEMPTED.signal is not None, run.world, run.device):
+                    _stop_if_preempted(run, f"after epoch {epoch + 1}")
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")

@@ -23,10 +23,14 @@ class Progress:
     run_id: str | None = None  # which run (run_files.new_run_id), kept across resumes; None: an earlier version's
     stop: str | None = None  # why the run stopped after this epoch ("patience", "time budget"); None: it did not
     nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
+    # a checkpoint saved inside an epoch (train.save_every_min, a preemption signal): that epoch (0-based), the
+    # batches of it done, and its running sums ({"epoch", "batches", "sums", "n_steps", "skipped", "train_time",
+    # "items"}); None at an epoch's end
+    in_epoch: dict | None = None
 
     def payload(self) -> dict:
         return {"epoch": self.epoch, "step": self.step, "elapsed_s": self.elapsed_s,
-                "run_id": self.run_id, "stop": self.stop,
+                "run_id": self.run_id, "stop": self.stop, "in_epoch": self.in_epoch,
                 "metrics": {"history": self.history, "best": self.best, "bad_epochs": self.bad_epochs}}
 
     @classmethod
@@ -35,7 +39,7 @@ class Progress:
         return cls(epoch=int(payload["epoch"]), step=int(payload["step"]),
                    history=list(metrics["history"]), best=dict(metrics["best"]), bad_epochs=int(metrics["bad_epochs"]),
                    elapsed_s=float(payload.get("elapsed_s", 0.0)), run_id=payload.get("run_id"),
-                   stop=payload.get("stop"))
+                   stop=payload.get("stop"), in_epoch=payload.get("in_epoch"))
 
     def decide_stop(self, patience: int, budget_s: float, elapsed_s: float, last_epoch_s: float) -> bool:
         """After an epoch: whether to stop here (``stop`` records why), by patience or the time budget."""

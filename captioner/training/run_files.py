@@ -99,6 +99,8 @@ def restore_missing_snapshot(run_dir: RunDir, payload: dict) -> None:
     from captioner.store.checkpoint import save_checkpoint
 
     epoch, kept = int(payload["epoch"]), payload["config"].get("train", {}).get("keep_epochs")
+    if payload.get("in_epoch"):  # saved inside the next epoch: its weights are not epoch `epoch`'s
+        return
     if kept and epoch > 0 and not run_dir.epoch(epoch).is_file():
         save_checkpoint(run_dir.epoch(epoch), snapshot_of(payload))
         log.warning("%s was missing (interrupted after last.pt): written again from last.pt", run_dir.epoch(epoch))
