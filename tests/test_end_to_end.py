@@ -121,3 +121,24 @@ def test_training_beats_the_untrained_model(demo_run):
         scores[name] = result["scores"]
     assert scores["trained"]["CIDEr-D"] >= scores["untrained"]["CIDEr-D"] + 10.0, scores
     assert scores["trained"]["BLEU-4"] >= scores["untrained"]["BLEU-4"] + MIN_BLEU4, scores
+
+
+@pytest.mark.slow
+def test_the_demo_trains_its_epochs_and_says_when_a_run_stopped_early(demo_run, tmp_path):
+    """`make demo` on a busy machine stopped after one epoch on its 10-minute budget and showed a weak model with no
+    word of why: the budget is the config's epochs now (--time-budget is optional), and the summary says it."""
+    from captioner.commands.demo import stopped_early
+    from captioner.store.checkpoint import load_checkpoint, save_checkpoint
+    from captioner.store.rundir import RunDir
+
+    _, run_dir = demo_run
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_early"] is None  # every epoch trained
+    payload = load_checkpoint(run_dir / "last.pt")
+    short = RunDir(tmp_path / "short")
+    short.root.mkdir()
+    save_checkpoint(short.last, {**payload, "epoch": 1, "stop": "time budget"})
+    assert stopped_early(short, 12) == ("stopped after epoch 1 of 12: --time-budget ended it; without one the demo "
+                                        "trains every epoch; the scores are those of a shorter run")
+    save_checkpoint(short.last, {**payload, "epoch": 4, "stop": "patience"})
+    assert "stopped after epoch 4 of 12: validation stopped improving" in stopped_early(short, 12)
+    assert stopped_early(short, 4) is None

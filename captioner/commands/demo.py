@@ -2,7 +2,8 @@
 
 Captions a few real photographs (scikit-image's bundled ones) with the shipped Flickr8k model and
 writes their per-word attention overlays (seconds, no training); then generates the shapes data, extracts
-EfficientNet-Lite0 grids into the feature cache, trains the soft-attention model within a time budget,
+EfficientNet-Lite0 grids into the feature cache, trains the soft-attention model for its config's epochs (an
+optional --time-budget caps it, and the summary says when it ended a run early),
 evaluates it on the test split (caption metrics and attention grounding), captions a few test images and
 writes their attention overlays, then prints where everything is. A second run reuses the data, the cache
 and a finished training run. The photographs are captioner/demo.py's; training is training/loop.py's, the
@@ -32,8 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner demo", description=__doc__.splitlines()[0])
     add_config_arguments(parser)
     parser.add_argument("--run-dir", default="runs/demo")
-    parser.add_argument("--time-budget", type=float_at_least(0.0), default=600.0,
-                        help="seconds of training at most (default 600)")
+    parser.add_argument("--time-budget", type=float_at_least(0.0), default=0.0,
+                        help="seconds of training at most (default 0: none; the config's epochs are the budget, so a "
+                             "slow or busy machine takes longer rather than stopping early with a weaker model)")
     parser.add_argument("--n-captions", type=int_at_least(0), default=6, help="test images to caption with overlays")
     parser.add_argument("--retrain", action="store_true", help="train again even if a finished run exists")
     parser.add_argument("--no-meteor", action="store_true", help="skip METEOR (it starts a Java process)")
@@ -79,6 +81,22 @@ def caption_records(model, records: Sequence, overlay_dir: Path) -> list[dict]:
 
 
 
+def stopped_early(run_dir: RunDir, epochs: int) -> str | None:
+    """Why the demo's run trained fewer than ``epochs`` epochs ("stopped after epoch 5 of 12: time budget ..."),
+    or None when it trained them all: a weak model is then explained, not just shown."""
+    from captioner.store.checkpoint import load_checkpoint
+
+    if not run_dir.last.is_file():
+        return None
+    last = load_checkpoint(run_dir.last)
+    done, why = int(last["epoch"]), last.get("stop")
+    if done >= epochs:
+        return None
+    hint = {"time budget": "--time-budget ended it; without one the demo trains every epoch",
+            "patience": "validation stopped improving (train.patience)"}.get(why or "", "the run was stopped")
+    return f"stopped after epoch {done} of {epochs}: {hint}; the scores are those of a shorter run"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner demo [--config X.yaml] [--run-dir DIR] [--time-budget S] ...`."""
     args = _parser().parse_args(argv)
@@ -92,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from captioner.training.loop import train
 
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
-    overrides = [f"train.run_dir={args.run_dir}", f"train.time_budget_s={args.time_budget}", *args.overrides]
+    overrides = [f"train.run_dir={args.run_dir}", *args.overrides]
+    if args.time_budget:
+        overrides.insert(1, f"train.time_budget_s={args.time_budget}")
     cfg = load_config(config_path, overrides)
     run_dir = RunDir(cfg.train.run_dir)
     t0 = time.time()
@@ -106,7 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ImportError, ValueError) as err:  # no shipped model / no scikit-image in this installation
             print(f"      skipped: {err}")
 
-    print(f"[1/4] data + training ({config_path or 'defaults'}; budget {args.time_budget:.0f} s) -> {run_dir}")
+    budget = (f"{cfg.train.epochs} epochs" + (f", at most {cfg.train.time_budget_s:.0f} s" if cfg.train.time_budget_s
+                                              else "; the bar shows each epoch's time left"))
+    print(f"[1/4] data + training ({config_path or 'defaults'}; {budget}) -> {run_dir}")
     done_marker = run_dir.finished
     if done_marker.exists() and run_dir.best.exists() and not args.retrain:
         print(f"      reusing the finished run in {run_dir} (pass --retrain to train again)")
@@ -134,11 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_time_s": round(time.time() - t0, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    write_text_atomic(run_dir.summary, json.dumps(summary, indent=2))
     bleu4 = result["scores"].get("BLEU-4")
     grounding = result["grounding"]
+    early = stopped_early(run_dir, cfg.train.epochs)
+    summary["stopped_early"] = early
+    write_text_atomic(run_dir.summary, json.dumps(summary, indent=2))
     print(f"      test BLEU-4 {bleu4:.2f} | grounding "
-          f"{'n/a' if grounding is None else f'{100 * grounding:.1f}%'} | {summary['wall_time_s']:.0f} s")
+          f"{'n/a' if grounding is None else f'{100 * grounding:.1f}%'} | {summary['wall_time_s']:.0f} s"
+          + (f" | {early}" if early else ""))
     print(f"      checkpoint: {run_dir.best}\n      overlays:   {overlay_dir}/\n"
           f"      summary:    {run_dir.summary}")
     return 0
