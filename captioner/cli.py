@@ -64,4 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from captioner.runtime import keep_freed_memory
 
         keep_freed_memory()  # every batch command allocates the same large tensors again and again (runtime.py)
-    return int(_command(name)(rest) or 0)
+    from captioner.atomic import DiskFullError
+
+    try:
+        return int(_command(name)(rest) or 0)
+    except DiskFullError as err:  # any command's write: the file, the space free (and needed, when known), no trace
+        print(f"captioner {name}: error: {err}", file=sys.stderr)
+        return 1

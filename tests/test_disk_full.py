@@ -218,3 +218,19 @@ def test_extract_and_train_on_a_full_disk_name_the_space_needed_and_leave_no_gri
         assert "cannot reserve the feature cache" in err and "the disk is full (1.2 kB free" in err
         assert "needed" in err and "Traceback" not in err
         assert not list((tmp_path / "data").rglob("grids.f16"))
+
+
+def test_every_command_prints_a_full_disk_as_its_error(monkeypatch, capsys, free_1234):
+    """A full disk met by any command (an overlay of `caption`, the shapes of `shapes`, ...) is its error line and
+    exit status 1, never a traceback (cli.main is where every command runs)."""
+    import captioner.cli as cli
+
+    def writes(argv):
+        raise DiskFullError("out/overlay.png", 1234, OSError(errno.ENOSPC, "No space left on device"),
+                            action="write the overlay", needed=5000)
+
+    monkeypatch.setattr(cli, "_command", lambda name: writes)
+    assert cli.main(["caption", "photo.jpg"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("captioner caption: error: cannot write the overlay out/overlay.png: the disk is full "
+                          "(1.2 kB free") and "5.0 kB needed" in err
