@@ -184,7 +184,9 @@ def test_an_old_objective_reads_as_the_section_of_the_objective_it_trained_with(
     saved = _old_objective(config_to_dict(load_config("smoke")), **old)
     saved["model"]["attention"]["attention"] = attention
     before = json.dumps(saved, sort_keys=True)
-    assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == section
+    # grounding_weight (issue 52) is newer than every old layout: its default, 0
+    assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == {**section,
+                                                                                         "grounding_weight": 0.0}
     assert json.dumps(saved, sort_keys=True) == before  # the caller's dict is left as it was
 
 
@@ -194,3 +196,22 @@ def test_an_old_runs_config_yaml_with_its_objective_resumes(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     cfg = load_run_config(tmp_path / "config.yaml", ["train.objective.samples=3"])
     assert (cfg.train.objective.kind, cfg.train.objective.samples) == ("loo", 3)
+
+
+def test_a_config_saved_before_tf32_resumes_and_decodes_with_it_off(tmp_path):
+    """A run saved before issue 43 has no tf32 key: resuming it on CUDA turned TF32 on mid-run (the default is on).
+    It is read with tf32 off in train and eval, the precision it ran with; a saved value is kept."""
+    import yaml
+
+    from captioner.config import config_to_dict, load_config
+    from captioner.store.saved_config import load_run_config, read_saved_config
+
+    saved = config_to_dict(load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"))
+    del saved["train"]["tf32"], saved["eval"]["tf32"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    cfg = load_run_config(path)
+    assert (cfg.train.tf32, cfg.eval.tf32) == (False, False)
+    assert read_saved_config(saved).train.tf32 is False
+    saved["train"]["tf32"] = True
+    assert read_saved_config(saved).train.tf32 is True

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,24 @@ def test_meteor_selection_computes_meteor_and_a_missing_score_is_an_error(data_r
     monkeypatch.setattr(validation_mod, "caption_scores", lambda p, r, meteor=False: {"BLEU-4": 1.0, "METEOR": None})
     with pytest.raises(TrainingError, match="no METEOR score"):
         train(_cfg(data_root, tmp_path / "run2", "train.epochs=1", "train.val_metric=METEOR"))
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_rank_zero_failure_stops_every_rank_within_seconds(data_root, tmp_path):
+    """Rank 0 failing between validation and the collectives after it (here: no METEOR score to choose by, Java
+    being off the PATH) left rank 1 waiting in the next collective until the process group's timeout (an hour).
+    Its error is now broadcast first: both ranks exit, rank 1 saying that rank 0 failed."""
+    extract = subprocess.run([sys.executable, "-m", "captioner", "extract", "--config", str(SMOKE), "--set",
+                              f"data.root={data_root}", "--device", "cpu", "--no-progress"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert extract.returncode == 0, extract.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
+           "--set", f"train.run_dir={tmp_path / 'ddp'}", "--set", "train.num_threads=1", "--set", "train.epochs=2",
+           "--set", "train.val_metric=METEOR", "--set", NO_OVERLAYS, "--set", "train.device=cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=str(Path(sys.executable).parent))  # no java on the PATH
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and time.monotonic() - start < 200
+    assert "validation produced no METEOR score" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 0 failed while validating epoch 1 (its error is in its own output); rank 1 stops too" in proc.stderr

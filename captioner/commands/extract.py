@@ -21,6 +21,7 @@ from captioner.data.features import FeatureCacheError, cache_dir_for, extract_fe
 from captioner.models.weights import EncoderWeightsError
 from captioner.names import SPLITS
 from captioner.runtime import describe_device, enable_tf32, resolve_device
+from captioner.training.distributed import seed_everything
 
 
 def _split_records(data: Any, splits: str | None) -> tuple[list[str], list[Any]]:
@@ -68,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         enc = cfg.model.encoder
+        # seeded as training seeds before it builds the model (encoder first): an encoder without pretrained weights
+        # (the smoke config's) gets the weights, so the fingerprint, that `captioner train` will look for
+        seed_everything(cfg.train.seed)
         encoder = build_encoder_from_config(enc)  # the frozen part is cached: the projection trains after it
         splits, records = _split_records(cfg.data, args.splits)
         out_dir = cache_dir_for(cfg.data, encoder.cache_fingerprint())

@@ -16,6 +16,8 @@ versions saved differs in two ways, both upgraded here and nowhere else:
   (the old estimator ``paper``), ``loo``, ``gumbel`` or ``scst``, holding only the keys that objective reads
   (``upgrade_objective``).
 
+A config saved before ``tf32`` existed is read with it off (``_keep_full_float32``): the precision it ran with.
+
 And one upgrade keeps how a model decodes: before soft models could read one cell per word (issue 35: "hard
 attention from soft", commit ffa4944), a soft model (any attention but ``hard``) whose ``eval.attention_mode`` was
 ``argmax`` or ``sample`` (a soft ablation of a hard config, ``--set model.attention.attention=soft``) ignored
@@ -55,6 +57,7 @@ def upgrade_saved_config(data: Any) -> Any:
         attention["attention"] = attention.pop("kind")
     _keep_soft_reads_soft(data)
     upgrade_objective(data)
+    _keep_full_float32(data)
     decoder = data["model"].get("decoder")
     if not isinstance(decoder, dict):
         return data
@@ -66,6 +69,15 @@ def upgrade_saved_config(data: Any) -> Any:
         if any(decoder[key] == default for default in _defaults_elsewhere(key)):
             del decoder[key]
     return data
+
+
+def _keep_full_float32(data: dict) -> None:
+    """A config saved before ``tf32`` existed (issue 43) ran its float32 matmuls in full precision on CUDA (PyTorch's
+    default): read with ``tf32: false`` in train and eval, so that a resume (or a decode) keeps the precision the run
+    had, rather than turning TF32 on midway. A section without a mapping is left for the reader to refuse."""
+    for section in ("train", "eval"):
+        if isinstance(data.get(section), dict) and "tf32" not in data[section]:
+            data[section]["tf32"] = False
 
 
 # the cross-entropy estimators of hard attention, by their old train.hard.estimator names

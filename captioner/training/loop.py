@@ -561,20 +561,40 @@ def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
     ranks wait); returns whether every rank stops here (patience or the time budget)."""
     improved = stop = False
     entry: dict[str, Any] = {}
+    failure = None
     if run.is_main:
-        entry = _epoch_entry(run, epoch, stats)
-        improved, stop = _select(run, entry, epoch, stats)
-        if run.writer is not None:
-            run.writer.epoch(entry, epoch + 1)
-            run.writer.images(run.model, run.val_decode_set.records[: run.cfg.train.tensorboard_images], epoch + 1)
+        try:
+            entry = _epoch_entry(run, epoch, stats)
+            improved, stop = _select(run, entry, epoch, stats)
+            if run.writer is not None:
+                run.writer.epoch(entry, epoch + 1)
+                run.writer.images(run.model, run.val_decode_set.records[: run.cfg.train.tensorboard_images],
+                                  epoch + 1)
+        except Exception as err:  # noqa: BLE001 - every rank hears of it (_fail_together), then it is raised
+            failure = err
+    _fail_together(run, failure, f"validating epoch {epoch + 1}")
     rng = gather_rng_states(run.world, run.device)  # a collective: every rank, every epoch
     if run.is_main:
-        _save(run, entry, rng, improved)
+        try:
+            _save(run, entry, rng, improved)
+        except Exception as err:  # noqa: BLE001 - a full disk, non-finite weights: every rank stops
+            failure = err
+    _fail_together(run, failure, f"saving epoch {epoch + 1}")
     if not broadcast_flag(stop, run.world, run.device):
         return False
     if run.is_main:
         log.info("stopping after epoch %d (%s)", epoch + 1, run.progress.stop)
     return True
+
+
+def _fail_together(run: _Run, failure: BaseException | None, doing: str) -> None:
+    """Rank 0's error between validation and the collectives that follow reaches every rank within one broadcast,
+    rather than after the process group's timeout (train.ddp_timeout_min: an hour), and every rank raises."""
+    if not broadcast_flag(failure is not None, run.world, run.device):
+        return
+    if failure is not None:
+        raise failure
+    raise TrainingError(f"rank 0 failed while {doing} (its error is in its own output); rank {run.rank} stops too")
 
 
 def train(cfg: Config, resume: str | None = None) -> Path:

@@ -108,7 +108,7 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     model folder (shipped, exported or a hub's) holds no training state to continue, and is refused saying so."""
     if resume is None:
         return None
-    if nothing_to_resume(resume):  # the command starts such a run over (commands/train.py); train() is told
+    if Path(resume).is_dir() and nothing_to_resume(resume):  # the command starts such a run there (train.py)
         raise TrainingError(f"--resume {resume}: {RunDir(resume)} holds no {RunDir(resume).last.name} yet, so "
                             "there is nothing to resume; start the run without resume (`captioner train --config "
                             f"CONFIG --resume {resume}` does that by itself)")
