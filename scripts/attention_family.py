@@ -5,6 +5,7 @@
     python scripts/attention_family.py speed                   # training captions/s and decoding images/s, alternating
     python scripts/attention_family.py heads                   # what a multi-head row's heads read, apart
     python scripts/attention_family.py report                  # docs/attention-family.md's table, the JSON, the plots
+    python scripts/attention_family.py boxes --rows R          # a finished row's box columns, from its kept best.pt
     python scripts/attention_family.py pointer                 # the pointer network's sorting table
 
 Each row is `captioner train --config configs/flickr8k_soft.yaml --set ...` (the same frozen Lite0 grids,
@@ -247,6 +248,27 @@ def box_columns(result: dict) -> dict:
     return {"correctness_tf": tf["inside"], "pointing_tf": tf["pointing"], "centre_tf": tf["centre_pointing"],
             "inside_generated": gen["inside"], "pointing_generated": gen["pointing"],
             "centre_generated": gen["centre_pointing"], "grounded_words": gen["words"]}
+
+
+def measure_boxes(family: Family, rows: Sequence[Row]) -> None:
+    """Evaluate again, with the box figures, the finished rows whose best.pt is still in their run folder, and add
+    the figures to their row files (their training is not repeated: the other columns stay as they were)."""
+    from captioner.atomic import write_text_atomic
+
+    if family.entities is None or not family.entities.is_dir():
+        raise SystemExit(f"boxes: no Flickr30k Entities folder at {family.entities} (--entities)")
+    for row in rows:
+        best = family.run_dir(row) / "best.pt"
+        if not family.row_file(row).exists() or not best.exists():
+            print(f"{row.name}: not finished, or its best.pt is gone: `run --rows {row.name} --fresh` trains and "
+                  "measures it", flush=True)
+            continue
+        result = evaluate_row(family, row)
+        figures = json.loads(family.row_file(row).read_text(encoding="utf-8"))
+        figures.update({**box_columns(result), "evaluate": {k: v for k, v in result.items() if k != "predictions"}})
+        write_text_atomic(family.row_file(row), json.dumps(figures, indent=2) + "\n")
+        print(f"{row.name}: own captions {_boxes_cell(figures, 'generated')}; teacher-forced "
+              f"{_boxes_cell(figures, 'tf')}", flush=True)
 
 
 def run_rows(family: Family, rows: Sequence[Row], fresh: bool = False) -> None:
@@ -534,9 +556,11 @@ def format_tables(rows: list[dict], family: Family, plots: list[Path]) -> str:
 
 def _boxes_cell(row: dict, setting: str) -> str:
     """"inside / pointing % (centre %)" of a row measured on boxes; "not measured" for a row trained before."""
-    inside = row.get("correctness_tf" if setting == "tf" else "inside_generated")
-    if inside is None:
+    if ("correctness_tf" if setting == "tf" else "inside_generated") not in row:
         return "not measured"
+    inside = row["correctness_tf" if setting == "tf" else "inside_generated"]
+    if inside is None:
+        return "no word matched"
     return (f"{inside:.3f} / {_cell(row[f'pointing_{setting}'], 1, True)} "
             f"({_cell(row[f'centre_{setting}'], 1, True)})")
 
@@ -651,7 +675,7 @@ def _rows(names: str | None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("run", "speed", "heads", "report", "pointer", "list"))
+    parser.add_argument("phase", choices=("run", "speed", "heads", "report", "pointer", "list", "boxes"))
     parser.add_argument("--rows", default=None, help="comma-separated row names (default: all; `list` names them)")
     parser.add_argument("--config", default="configs/flickr8k_soft.yaml", help="what every row shares")
     parser.add_argument("--epochs", type=int, default=2, help="the budget: training epochs per row")
@@ -681,6 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.phase == "run":
         run_rows(family, rows, fresh=args.fresh)
+    elif args.phase == "boxes":
+        measure_boxes(family, rows)
     elif args.phase == "speed":
         from captioner.atomic import write_text_atomic
 

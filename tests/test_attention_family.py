@@ -93,6 +93,29 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     assert row["evaluate"]["n_images"] > 0  # evaluate's whole result is kept for later columns
     assert "not measured" in doc.read_text()  # no boxes for the shapes photos: the columns say so
 
+    # the boxes phase adds a finished row's box columns from its kept best.pt, without training it again
+    from captioner.config import load_config
+    from captioner.data.datasets import load_records
+    from tests.entities_fixture import write_photo
+
+    entities = tmp_path / "entities"
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [f"data.root={tmp_path / 'data'}"])
+    for record in load_records(cfg.data, "val"):
+        write_photo(entities, record.image_id.split("_")[0],
+                    ["[/EN#1/other a red circle] over [/EN#2/other a square] ."], (64, 64),
+                    {"1": [(1, 1, 32, 64)], "2": [(33, 1, 64, 64)]})
+    stamp = best.stat().st_mtime_ns
+    assert family.main(["boxes", "--rows", "soft_dot", *_args(tmp_path), "--entities", str(entities)]) == 0
+    row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
+    assert best.stat().st_mtime_ns == stamp and row["evaluate"]["boxes"]["teacher_forced"]["words"] == 2 * 6
+    assert 0 <= row["correctness_tf"] <= 1 and 0 <= row["pointing_tf"] <= 1
+    assert "not measured" in _row_line(doc.read_text(), "soft, additive") and "not measured" not in _row_line(
+        doc.read_text(), "soft, dot product")
+
+
+def _row_line(page: str, label: str) -> str:
+    return next(line for line in page.splitlines() if line.startswith(f"| {label}"))
+
 
 def test_the_width_study_plot_and_the_saturated_share(tmp_path):
     family = _driver()
