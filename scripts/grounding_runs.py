@@ -201,11 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     (ROOT / args.log).parent.mkdir(parents=True, exist_ok=True)
     with open(ROOT / args.log, "a") as log:
-        for step in steps():
-            if args.only is None or step["name"] in args.only:
-                run_step(step, log)
-        for step in steps():  # the weight is known once the sweep is done: the steps that waited for it
-            if step.get("needs_weight") and (args.only is None or step["name"] in args.only):
+        for name in [step["name"] for step in steps()]:
+            # built again for each step: a step after the sweep takes the weight the sweep's rule chose
+            step = next(s for s in steps() if s["name"] == name)
+            if args.only is None or name in args.only:
                 run_step(step, log)
     return 0
 
