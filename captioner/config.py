@@ -18,7 +18,6 @@ The ``captioner config`` command (list, show) is captioner/commands/config.py's.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +39,6 @@ from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 # train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
 # (captioner/training/objectives/: its torch-free sections, not the objectives' code)
 from captioner.training.objectives import DEFAULT_OBJECTIVE, ObjectiveConfig, objective_config
-
-log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -385,15 +382,12 @@ def validate(cfg: Config) -> None:
         cfg.train.objective.check(hard_attention(cfg))  # what the objective's tables cannot say
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if cfg.train.objective.grounding_weight > 0:
-        if not cfg.data.entities:
-            raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, "
-                              "but data.entities names no folder (../shared/data/flickr8k/build_entities.sh writes "
-                              "Flickr8k's); set data.entities, or grounding_weight 0")
-        if not family.WORD_ALPHA:
-            raise ConfigError(f"train.objective.grounding_weight: the {family.kind} decoder has no per-word alpha to "
-                              "supervise (its map is one layer's cross-attention averaged over heads, not the read "
-                              "that made the word); set grounding_weight 0")
+    if cfg.train.objective.grounding_weight > 0 and not cfg.data.entities:
+        raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, but "
+                          "data.entities names no folder (build_entities.sh writes Flickr8k's); set it, or weight 0")
+    if cfg.train.objective.grounding_weight > 0 and not family.WORD_ALPHA:
+        raise ConfigError(f"train.objective.grounding_weight: the {family.kind} decoder has no per-word alpha to "
+                          "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
 
 
 def split_override(text: str) -> tuple[list[str], str]:
@@ -489,12 +483,10 @@ def _declared_by(cls: type, key: str) -> type | None:
     return next((c for c in cls.__mro__ if key in c.__dict__.get("__annotations__", {})), None)
 
 
-def _drop_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
-    """A --set of train.objective.kind to another kind: the file's keys of that section that the new kind does not
-    read in the same sense are dropped, with a warning naming them. Same sense: declared by a class both kinds
-    share (alpha_c of every cross-entropy objective, grounding_weight of all). loo's ``samples`` (K location paths
-    per caption) is not SCST's ``samples`` (captions per image), nor is one estimator's ``entropy_weight`` SCST's,
-    which is never inherited (sections.py)."""
+def _refuse_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
+    """A --set of train.objective.kind refuses the file's keys that the new kind reads in another sense (loo's
+    ``samples``, K paths per caption, is not SCST's captions per image); keys declared by a class both kinds share
+    (``alpha_c`` from xe to loo) stay. Keys the new kind lacks: the reader refuses them as unknown, with that advice."""
     if tuple(parts) != ("train", "objective", "kind"):
         return
     section = data.get("train", {}).get("objective")
@@ -504,25 +496,25 @@ def _drop_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
     if old_kind == value:
         return
     old, new = objective_config(old_kind), objective_config(value)
-    dropped = [k for k in section if k != "kind" and (_declared_by(new, k) is None
-                                                      or _declared_by(new, k) is not _declared_by(old, k))]
-    for key in dropped:
-        del section[key]
-    if dropped:
-        log.warning("train.objective.kind=%s: dropped the file's %s, set for kind %r (%s reads %s); set them "
-                    "again with --set if meant", value, ", ".join(f"train.objective.{k}" for k in dropped), old_kind,
-                    value, "them differently or not at all" if len(dropped) > 1 else "it differently or not at all")
+    differ = [k for k in section if k != "kind" and _declared_by(new, k) is not None
+              and _declared_by(new, k) is not _declared_by(old, k)]
+    if differ:
+        keys = ", ".join(f"train.objective.{k}" for k in differ)
+        raise ConfigError(f"{keys}: set for kind {old_kind!r}, which kind {value!r} reads in another sense; to change "
+                          f"a section's kind, set it whole: --set 'train.objective={{kind: {value}, ...}}'")
 
 
 def apply_override(data: dict, text: str) -> None:
     """Set one ``key.path=value`` override into a nested dict, checking the path exists (the keys of
     model.decoder and train.objective: those of the kind the dict names there). Changing train.objective.kind
-    drops the file's keys of the old kind that the new one reads otherwise (``_drop_other_kinds_keys``)."""
+    refuses the file's keys of the old kind that the new one reads otherwise (``_refuse_other_kinds_keys``)."""
     kinds = _kinds(data)
     parts, value = parse_override(text, kinds)
     if parts[-1] == "kind":
         try:
-            _drop_other_kinds_keys(data, parts, value)
+            _refuse_other_kinds_keys(data, parts, value)
+        except ConfigError:
+            raise
         except ValueError:  # an unknown kind: the section lookup below names the valid ones
             pass
     path = ".".join(parts)

@@ -316,20 +316,18 @@ def test_a_fine_tuned_timm_backbone_needs_images_not_the_cache():
     assert load_config("smoke", ["model.encoder.name=timm:resnet18"]).data.use_cache  # frozen: cached as ever
 
 
-def test_a_kind_change_by_set_drops_the_old_kinds_keys_it_would_read_otherwise(caplog):
+def test_a_kind_change_by_set_refuses_the_old_kinds_keys_it_would_read_otherwise():
     """`--set train.objective.kind=scst` on a leave-one-out config kept loo's samples (2 location paths per caption)
-    as SCST's captions per image, and loo's entropy weight as SCST's, which is never inherited. Keys both kinds
-    read in one sense (declared by a class they share) stay."""
+    as SCST's captions per image, and loo's entropy weight as SCST's, which is never inherited: refused now, naming
+    them. Keys both kinds read in one sense (declared by a class they share) stay."""
     from captioner.config import load_config
 
-    with caplog.at_level("WARNING"):
-        cfg = load_config("flickr8k_hard", ["train.objective.kind=scst", "train.objective.entropy_weight=0.01"])
-    o = cfg.train.objective
-    assert (o.kind, o.samples, o.entropy_weight) == ("scst", 5, 0.01)  # SCST's default samples, the set weight
-    assert "dropped the file's train.objective.alpha_c" in caplog.text and "train.objective.samples" in caplog.text
-    with pytest.raises(ConfigError, match="entropy_weight: hard-attention SCST samples its cells and needs"):
-        load_config("flickr8k_hard", ["train.objective.kind=scst"])  # not inherited: it must be set
-    soft = load_config("flickr8k_soft_grounded", ["train.objective.kind=scst", "train.objective.grounding_weight=0.5"])
-    assert soft.train.objective.grounding_weight == 0.5
+    with pytest.raises(ConfigError, match=r"train.objective.samples, train.objective.entropy_weight: set for kind "
+                                          r"'loo', which kind 'scst' reads in another sense; .*set it whole"):
+        load_config("flickr8k_hard", ["train.objective.kind=scst", "train.objective.entropy_weight=0.01"])
+    whole = load_config("flickr8k_hard", ["train.objective={kind: scst, entropy_weight: 0.01}"])
+    assert (whole.train.objective.samples, whole.train.objective.entropy_weight) == (5, 0.01)
     kept = load_config("flickr8k_soft", ["model.attention.attention=hard", "train.objective.kind=gumbel"])
     assert (kept.train.objective.alpha_c, kept.train.objective.alpha_entropy) == (0.05, 0.1)  # xe's, read alike
+    grounded = load_config("flickr8k_soft_grounded", ["model.attention.attention=hard", "train.objective.kind=loo"])
+    assert grounded.train.objective.grounding_weight == 1.0

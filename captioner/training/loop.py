@@ -33,13 +33,10 @@ The ``captioner train`` command (its flags, errors and exit status) is captioner
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -71,6 +68,7 @@ from captioner.training.losses import LossOutput
 from captioner.training.objectives.base import Objective
 from captioner.training.objectives.registry import build_objective
 from captioner.training.optim import OPTIMIZERS, build_optimizer
+from captioner.training.preemption import PREEMPTION
 from captioner.training.progress import Progress
 from captioner.training.resume import init_weights, load_init, resume_payload
 from captioner.training.run_files import (
@@ -82,6 +80,7 @@ from captioner.training.run_files import (
     write_run_file,
 )
 from captioner.training.run_files import write_metrics as _write_metrics
+from captioner.training.run_logs import epoch_summary
 from captioner.training.validation import validate
 
 log = logging.getLogger(__name__)
@@ -422,7 +421,7 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
                 if run.writer is not None:
                     run.writer.step({**res.parts, "loss": res.loss.detach()}, run.optimizer.param_groups[0]["lr"],
                                     progress.step)
-        due = _PREEMPTED.signal is not None or (
+        due = PREEMPTION.noted or (
             t.save_every_min > 0 and time.monotonic() - last_save >= 60.0 * t.save_every_min)
         # the epoch's last batch: its end saves anyway
         if done < n_batches and broadcast_flag(due, run.world, run.device):
@@ -430,56 +429,13 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
                                      "sums": {k: float(v) for k, v in sums.items()},
                                      "train_time": time.monotonic() - epoch_start, "items": items})
             last_save = time.monotonic()
-            _stop_if_preempted(run, f"inside epoch {epoch + 1}, after its batch {done}")
+            PREEMPTION.stop_if_noted(run.run_dir, f"inside epoch {epoch + 1}, after its batch {done}")
     bar.close()
     trained_lr = run.optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
     run.scheduler.step()
     train_time = time.monotonic() - epoch_start
     progress.epoch = epoch + 1
     return _EpochStats(sums, n_steps, skipped, trained_lr, epoch_start, train_time, items)
-
-
-class _Preemption:
-    """The preemption notice a scheduler sends (SIGTERM; Slurm's --signal sends SIGUSR1 ahead of the end): the
-    handler only notes it; the loop saves at the next batch's end (all ranks alike) and stops."""
-
-    SIGNALS = ("SIGTERM", "SIGUSR1")
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def note(self, signum: int, frame: Any) -> None:
-        self.signal = signum
-
-    @contextlib.contextmanager
-    def listening(self):
-        """Note the signals while training (main thread only: elsewhere Python cannot install handlers)."""
-        self.signal = None
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {}
-        for name in self.SIGNALS:
-            if hasattr(signal, name):
-                number = getattr(signal, name)
-                previous[number] = signal.signal(number, self.note)
-        try:
-            yield
-        finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-
-
-_PREEMPTED = _Preemption()
-
-
-def _stop_if_preempted(run: _Run, where: str) -> None:
-    """After a save: a noted preemption signal ends the run here, saying how to continue it."""
-    if _PREEMPTED.signal is None:
-        return
-    name = signal.Signals(_PREEMPTED.signal).name
-    raise TrainingError(f"stopped by {name} {where}: {run.run_dir.last} holds where it stopped; the same command "
-                        f"with --resume {run.run_dir.root} continues it exactly")
 
 
 def _checkpoint(run: _Run, rng: list) -> dict:
@@ -553,7 +509,7 @@ def _save(run: _Run, entry: dict[str, Any], rng: list, improved: bool) -> None:
     run.progress.elapsed_s = time.monotonic() - run.started
     ckpt = _checkpoint(run, rng)
     save_epoch(run.run_dir, ckpt, entry["epoch"], improved, run.cfg.train.keep_epochs, run.progress.history)
-    print(_summary(entry, run.cfg.train.val_metric, improved), flush=True)
+    print(epoch_summary(entry, run.cfg.train.val_metric, improved), flush=True)
 
 
 def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
@@ -605,13 +561,13 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     keep_freed_memory()  # every step allocates the same large tensors again (runtime.py)
     with fast_paths.reference(not cfg.train.fast_paths):  # false: every fast path off (captioner/fast)
         run = _set_up(cfg, resume, started)  # a SIGTERM here (extraction, say) ends the process as usual
-        with _PREEMPTED.listening():  # while training: saved at the next batch's end, then stopped
+        with PREEMPTION.listening():  # while training: saved at the next batch's end, then stopped
             for epoch in range(run.progress.epoch, cfg.train.epochs) if not run.stopped else ():
                 stats = _train_epoch(run, epoch)
                 if _end_epoch(run, epoch, stats):
                     break
-                if broadcast_flag(_PREEMPTED.signal is not None, run.world, run.device):
-                    _stop_if_preempted(run, f"after epoch {epoch + 1}")
+                if broadcast_flag(PREEMPTION.noted, run.world, run.device):
+                    PREEMPTION.stop_if_noted(run.run_dir, f"after epoch {epoch + 1}")
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")
@@ -635,19 +591,3 @@ def _average(run: _Run) -> TrainingError | None:
         return TrainingError(f"training finished ({run.run_dir.last}: epoch {run.progress.epoch}), but "
                              f"{run.run_dir.averaged.name} was not written: {err}")
     return None
-
-
-def _summary(entry: dict, metric: str, improved: bool) -> str:
-    def fmt(key: str) -> str:
-        value = entry.get(key)
-        return "-" if value is None else f"{value:.2f}"
-
-    return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
-            f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  max alpha {fmt('alpha_max')}  "
-            f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
-            + (f"mirror {fmt('mirror_follow')}  columns mirror {fmt('columns_mirror')} stay {fmt('columns_stay')}  "
-               if "mirror_words" in entry else "")
-            + (f"pointing {fmt('pointing')} (centre {fmt('centre_pointing')}) inside {fmt('inside')}  "
-               if "pointing" in entry else "")
-            + f"({entry['time_s']:.0f}s)"
-            + (f"  best {metric}" if improved else ""))

@@ -77,3 +77,20 @@ def open_run_logs(run_dir: Path, tensorboard: str, wandb: str, config: dict, res
     logs = [sink for sink in (open_tensorboard(run_dir, tensorboard), open_wandb(run_dir, wandb, config, resumed))
             if sink is not None]
     return RunLogs(logs) if logs else None
+
+
+def epoch_summary(entry: dict, metric: str, improved: bool) -> str:
+    """The line printed after each epoch: training and validation figures, timings, whether it was the best."""
+    def fmt(key: str) -> str:
+        value = entry.get(key)
+        return "-" if value is None else f"{value:.2f}"
+
+    return (f"epoch {entry['epoch']}: loss {fmt('train_loss')}  val loss {fmt('val_loss')}  "
+            f"BLEU-4 {fmt('BLEU-4')}  CIDEr-D {fmt('CIDEr-D')}  max alpha {fmt('alpha_max')}  "
+            f"entropy {fmt('alpha_entropy')}  cells {fmt('cells_per_caption')}  moves {fmt('cell_changes')}  "
+            + (f"mirror {fmt('mirror_follow')}  columns mirror {fmt('columns_mirror')} stay {fmt('columns_stay')}  "
+               if "mirror_words" in entry else "")
+            + (f"pointing {fmt('pointing')} (centre {fmt('centre_pointing')}) inside {fmt('inside')}  "
+               if "pointing" in entry else "")
+            + f"({entry['time_s']:.0f}s)"
+            + (f"  best {metric}" if improved else ""))
