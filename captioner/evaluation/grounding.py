@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from captioner.data.entities import ROWS, Entities, EntityImage, box_fractions, lemma
+from captioner.evaluation.metrics import cells_read
 
 FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
 MOSTLY_INSIDE = 0.5  # a cell "lies in the boxes" when at least half its area does
@@ -57,7 +58,6 @@ class GroundingTally:
     fractions: list[np.ndarray] = field(default_factory=list)
     rows: list[str] = field(default_factory=list)
     map_sum: np.ndarray | None = None  # (L,) over every attended word, scored or not
-    map_count: int = 0
     photos: int = 0  # photos with at least one scored word
 
     def attended(self, maps: np.ndarray) -> None:
@@ -65,7 +65,6 @@ class GroundingTally:
         maps = np.asarray(maps, dtype=np.float64).reshape(-1, self.grid_hw[0] * self.grid_hw[1])
         total = maps.sum(0)
         self.map_sum = total if self.map_sum is None else self.map_sum + total
-        self.map_count += maps.shape[0]
 
     def add(self, a: np.ndarray, fraction: np.ndarray, row: str) -> None:
         self.maps.append(np.asarray(a, dtype=np.float64))
@@ -100,10 +99,8 @@ class GroundingTally:
 
 def _one_cell(alphas: np.ndarray, locations: Sequence[int] | None) -> np.ndarray:
     """(n, L): one-hot rows of the cells read (``locations``) or, where none are given, of alpha's arg-max."""
-    cells = np.asarray(locations if locations is not None else alphas.argmax(1), dtype=np.int64)[: len(alphas)]
-    out = np.zeros_like(alphas, dtype=np.float64)
-    out[np.arange(len(cells)), cells] = 1.0
-    return out
+    cells = locations if locations is not None else alphas.argmax(1)
+    return cells_read(cells[: len(alphas)], alphas.shape[1]).astype(np.float64)
 
 
 class BoxGrounding:
