@@ -57,12 +57,10 @@ class BoxTargets:
         for word_id in range(V):
             ids_of.setdefault(lemma(vocab.words[word_id]), []).append(word_id)
         keys, maps = [], []
-        self.images = 0
         for index, record in enumerate(records):
             photo = entities.get(record.image_id)
             if photo is None:
                 continue
-            self.images += 1
             for head, (boxes, _) in photo.boxed_heads().items():
                 f = box_fractions(boxes, grid_hw)
                 if f.sum() <= 0 or head not in ids_of:
