@@ -33,7 +33,7 @@ from captioner.models.decoders.contract import CaptionDecoder
 from captioner.models.decoders.registry import build_decoder
 from captioner.models.encoder import Encoder, build_encoder
 from captioner.models.ensemble import CaptionerEnsemble, cells_shown_words, check_attention_shown
-from captioner.runtime import resolve_device
+from captioner.runtime import as_device
 from captioner.store import zoo
 from captioner.store.checkpoint import CheckpointError, check_state_dict, check_vocab, load_checkpoint
 from captioner.store.hub import read_model_folder, save_model_folder
@@ -193,11 +193,13 @@ def has_installed_backbone(cfg: Config) -> bool:
     return cfg.model.encoder.pretrained and cfg.model.encoder.finetune_blocks == 0
 
 
-def build_encoder_from_config(enc: EncoderConfig) -> Encoder:
-    """``model.encoder`` -> the Encoder (config sentinels 0 / -1 / "" become the constructor's None)."""
+def build_encoder_from_config(enc: EncoderConfig, pretrained: bool | None = None) -> Encoder:
+    """``model.encoder`` -> the Encoder (config sentinels 0 / -1 / "" become the constructor's None). ``pretrained``
+    None reads ``enc.pretrained``; False builds the backbone without its pretrained weights whatever the config
+    says (``build_model``'s ``pretrained``), leaving the config as it is."""
     return build_encoder(
         name=enc.name,
-        pretrained=enc.pretrained,
+        pretrained=enc.pretrained if pretrained is None else pretrained,
         weights_path=enc.weights_path or None,
         input_size=enc.input_size,
         stage=None if enc.stage < 0 else enc.stage,
@@ -221,9 +223,12 @@ def _build_refine(cfg: Config, encoder: Encoder) -> nn.Module | None:
     return nn.Sequential(*layers) if layers else None
 
 
-def build_model(cfg: Config, vocab: Vocab) -> ImageCaptioner:
-    """The one translation of config into constructor arguments."""
-    encoder = build_encoder_from_config(cfg.model.encoder)
+def build_model(cfg: Config, vocab: Vocab, pretrained: bool | None = None) -> ImageCaptioner:
+    """The one translation of config into constructor arguments. ``pretrained`` False builds the backbone without
+    reading its pretrained weights (a checkpoint's weights replace them: ``load_model``) while the model keeps
+    ``cfg`` as given, so it still says what the model is (``pretrained_backbone``, what an export leaves out);
+    None: as ``cfg.model.encoder.pretrained`` says."""
+    encoder = build_encoder_from_config(cfg.model.encoder, pretrained=pretrained)
     refine = _build_refine(cfg, encoder)
     # model.decoder is its family's section (model.decoder.kind); it also reads the model.attention keys it names
     decoder = build_decoder(cfg.model.decoder, cfg.model.attention, vocab_size=len(vocab),
@@ -248,8 +253,12 @@ def load_captioner(path: str | Path | Sequence[str | Path] | None = None, device
     """Rebuild a captioner from ``path``, one of the sources ``load_model`` reads (nothing: the shipped model),
     or from a list or tuple of several: an ensemble of those models (``load_ensemble``, whose attention shown
     is ``ensemble_attention``, "first" by default; asking for it with one model is an error). A list of one
-    is that model."""
-    device = resolve_device(device, "device")  # before minutes of loading: "cuda" without CUDA is refused here
+    is that model.
+
+    ``device``: a name ("auto": CUDA when present, "cpu", "cuda:1"), resolved here by runtime.resolve_device, or a
+    torch.device already resolved (the commands resolve --device once and pass it), used as it is
+    (runtime.as_device). The loaders below are handed the resolved one and resolve nothing again."""
+    device = as_device(device)  # before minutes of loading: "cuda" without CUDA is refused here
     if isinstance(path, (list, tuple)):
         if len(path) > 1:
             return load_ensemble(path, device=device, attention=ensemble_attention or "first")
@@ -267,8 +276,9 @@ def load_ensemble(paths: Sequence[str | Path], device: Any = "auto", attention: 
     the mean of their word log-probabilities at each step (models/ensemble.py), every one reading the same way
     (``ImageCaptionerEnsemble``), their captions' attention the first model's or the mean (``attention``).
     Refused, naming the file, when a model's vocabulary differs from the first's (CheckpointError) or its encoder
-    does (ValueError: an image is encoded once for all)."""
+    does (ValueError: an image is encoded once for all). ``device`` as ``load_captioner`` takes it."""
     check_attention_shown(attention)  # before minutes of loading
+    device = as_device(device)
     if len(paths) < 2:
         raise ValueError(f"an ensemble needs two or more models, got {len(paths)}")
     sources = [str(p) for p in paths]
@@ -289,9 +299,11 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
     - a checkpoint file, or a run directory: its best.pt, else its last.pt.
 
     A checkpoint carries the resolved config and the vocabulary; the model is rebuilt with
-    ``pretrained=False`` (its weights, encoder included, come from the checkpoint) and the
-    state dict is checked key by key, so a mismatch names the field that differs.
+    ``pretrained=False`` (its weights, encoder included, come from the checkpoint; the config it carries is the
+    checkpoint's, unchanged) and the state dict is checked key by key, so a mismatch names the field that differs.
+    ``device`` as ``load_captioner`` takes it.
     """
+    device = as_device(device)  # before minutes of loading
     source = locate(path, prefer="best")
     if source.kind == "shipped":
         return load_shipped(source.path.name, device=device)
@@ -306,8 +318,6 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
         cfg = read_saved_config(payload["config"], path)
     except ValueError as err:
         raise CheckpointError(str(err)) from None
-    pretrained_backbone = has_installed_backbone(cfg)
-    cfg.model.encoder.pretrained = False  # the weights come from the checkpoint; never touch the network
     try:
         vocab = Vocab.from_dict(payload["vocab"])
     except (ValueError, TypeError, KeyError) as err:
@@ -315,10 +325,11 @@ def load_model(path: str | Path | None = None, device: Any = "auto") -> ImageCap
     # Checked against the model the config describes, built on the meta device, before the real one: a config
     # that disagrees with its weights (hidden_dim: 65536) is refused here instead of allocating tens of GB.
     check_state_dict(payload["model"], model_shapes(cfg, vocab), source=path)
-    model = build_model(cfg, vocab)
+    # The weights come from the checkpoint: the backbone is built without reading its pretrained ones (never the
+    # network), while the model keeps the config as saved (its pretrained_backbone: an export leaves those out)
+    model = build_model(cfg, vocab, pretrained=False)
     load_weights(model, payload["model"], path)
-    model.pretrained_backbone = pretrained_backbone  # its backbone weights are the installed ones (exports omit them)
-    model.to(resolve_device(device, "device"))
+    model.to(device)
     model.eval()
     return model
 
@@ -327,17 +338,19 @@ def load_model_folder(directory: str | Path, device: Any = "auto") -> ImageCapti
     """The captioner in a Hub-style model folder (captioner/store/hub.py), in float32, eval mode, on ``device``. The
     weights file must have the SHA-256 config.json records, tensors of the shapes of the model its config
     describes (read from the file's header and checked before that model is built), and the installed encoder the
-    fingerprint it records."""
+    fingerprint it records. ``device`` as ``load_captioner`` takes it."""
+    device = as_device(device)  # before the weights are read
     cfg, vocab, tensors, meta = read_model_folder(directory, expected_shapes=model_shapes)
     model = build_model(cfg, vocab)
     load_weights(model, tensors, directory, folder=meta)
-    model.to(resolve_device(device, "device"))
+    model.to(device)
     model.eval()
     return model
 
 
 def load_shipped(name: str | None = None, device: Any = "auto") -> ImageCaptioner:
-    """The shipped captioner ``name`` (default: ``zoo.DEFAULT_MODEL``), in fp32, eval mode, on ``device``."""
+    """The shipped captioner ``name`` (default: ``zoo.DEFAULT_MODEL``), in fp32, eval mode, on ``device`` (as
+    ``load_captioner`` takes it)."""
     folder = zoo.shipped_folder(name)
     model = load_model_folder(folder, device=device)
     model.shipped_name = folder.name

@@ -30,15 +30,16 @@ from captioner.decoding.options import DecodeOptions
 
 # model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
 # (captioner/models/decoders/: its torch-free config modules, not the models)
-from captioner.models.decoders import DEFAULT_DECODER, DecoderFamilyConfig, family_config
+from captioner.models.decoders import DECODERS, DecoderFamilyConfig
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
 from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 
 # train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
-# (captioner/training/objectives/: its torch-free sections, not the objectives' code)
-from captioner.training.objectives import DEFAULT_OBJECTIVE, ObjectiveConfig, objective_config
+# (captioner/objective_sections.py, torch-free, on the floor: not the objectives' code in training/)
+from captioner.objective_sections import OBJECTIVES, ObjectiveConfig
+from captioner.registration import Family
 
 
 class ConfigError(ValueError):
@@ -118,7 +119,7 @@ class ModelConfig:
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    decoder: DecoderFamilyConfig = field(default_factory=family_config(DEFAULT_DECODER))
+    decoder: DecoderFamilyConfig = field(default_factory=DECODERS.section(DECODERS.default))
 
 
 @dataclass
@@ -133,9 +134,9 @@ class TrainConfig:
     lr_step_epochs: int = 8
     lr_gamma: float = 0.5
     grad_clip: float = 5.0
-    # what a step minimises: the section of the objective train.objective.kind names (training/objectives/):
+    # what a step minimises: the section of the objective train.objective.kind names (objective_sections.py):
     # xe (soft attention, Eq. 14) | reinforce (hard, Eq. 10-12) | loo | gumbel (hard) | scst (self-critical)
-    objective: ObjectiveConfig = field(default_factory=objective_config(DEFAULT_OBJECTIVE))
+    objective: ObjectiveConfig = field(default_factory=OBJECTIVES.section(OBJECTIVES.default))
     init: str = ""  # a run directory, checkpoint or model folder (a shipped name) whose weights start this run
     val_metric: str = "CIDEr-D"
     patience: int = 5
@@ -218,12 +219,9 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
 
 
-# The sections whose dataclass its ``kind`` key picks: base class -> (the lookup by kind, the default kind, where
-# the section sits). model.decoder: a decoder family's; train.objective: a training objective's.
-_KINDED: dict[type, tuple[Any, str, tuple[str, ...]]] = {
-    DecoderFamilyConfig: (family_config, DEFAULT_DECODER, ("model", "decoder")),
-    ObjectiveConfig: (objective_config, DEFAULT_OBJECTIVE, ("train", "objective")),
-}
+# The sections whose dataclass its ``kind`` key picks: base class -> its family (registration.Family: the kinds,
+# the default, where the section sits). model.decoder: a decoder family's; train.objective: a training objective's.
+_KINDED: dict[type, Family] = {DecoderFamilyConfig: DECODERS, ObjectiveConfig: OBJECTIVES}
 
 
 def _section_class(cls: type, kind: Any) -> type:
@@ -231,7 +229,7 @@ def _section_class(cls: type, kind: Any) -> type:
     if cls not in _KINDED:
         return cls
     try:
-        return _KINDED[cls][0](kind)
+        return _KINDED[cls].section(kind)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -239,7 +237,7 @@ def _section_class(cls: type, kind: Any) -> type:
 def kinded_section(where: str, kind: Any) -> type:
     """The dataclass of the kinded section at ``where`` ("model.decoder", "train.objective") for ``kind``;
     ConfigError naming the valid kinds."""
-    base = next(base for base, (_, _, path) in _KINDED.items() if ".".join(path) == where)
+    base = next(base for base, family in _KINDED.items() if family.where == where)
     return _section_class(base, kind)
 
 
@@ -253,7 +251,7 @@ def _where(cls: type, prefix: str) -> str:
 def _from_dict(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
-    cls = _section_class(cls, data.get("kind", _KINDED[cls][1]) if cls in _KINDED else None)
+    cls = _section_class(cls, data.get("kind", _KINDED[cls].default) if cls in _KINDED else None)
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
@@ -345,7 +343,7 @@ def check_read_keys(cfg: Config) -> None:
 def validate(cfg: Config) -> None:
     """Range and choice checks; errors name the key path and the offending value."""
     family = cfg.model.decoder  # the decoder family's tables join the config's (models/decoders/*_config.py)
-    objective = cfg.train.objective  # and so do the objective's (training/objectives/sections.py)
+    objective = cfg.train.objective  # and so do the objective's (objective_sections.py)
     choices_at = {**CHOICES, **{f"model.decoder.{k}": v for k, v in family.CHOICES.items()},
                   **{f"train.objective.{k}": v for k, v in objective.CHOICES.items()}}
     for path, choices in choices_at.items():
@@ -380,14 +378,12 @@ def validate(cfg: Config) -> None:
     try:
         family.check(cfg.model.attention)  # what the family's tables cannot say
         cfg.train.objective.check(hard_attention(cfg))  # what the objective's tables cannot say
+        cfg.train.objective.check_decoder(family)  # and what it needs of the decoder family
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.train.objective.grounding_weight > 0 and not cfg.data.entities:
         raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, but "
                           "data.entities names no folder (build_entities.sh writes Flickr8k's); set it, or weight 0")
-    if cfg.train.objective.grounding_weight > 0 and not family.WORD_ALPHA:
-        raise ConfigError(f"train.objective.grounding_weight: the {family.kind} decoder has no per-word alpha to "
-                          "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
 
 
 def split_override(text: str) -> tuple[list[str], str]:
@@ -458,24 +454,24 @@ def _field_type_at(parts: list[str], kinds: dict[str, Any]) -> Any:
 
 def _kinded_class(cls: type, kinds: dict[str, Any], path: str) -> type:
     """The dataclass of the section at ``path``: for a kinded one, that of the kind ``kinds`` names there."""
-    return _section_class(cls, kinds.get(path, _KINDED[cls][1]) if cls in _KINDED else None)
+    return _section_class(cls, kinds.get(path, _KINDED[cls].default) if cls in _KINDED else None)
 
 
 def _kinds(data: dict) -> dict[str, Any]:
     """The kinds a nested dict names for its kinded sections ("model.decoder" -> its kind; absent: the default)."""
     kinds = {}
-    for lookup_default_where in _KINDED.values():
+    for family in _KINDED.values():
         node: Any = data
-        for part in lookup_default_where[2]:
+        for part in family.where.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and "kind" in node:
-            kinds[".".join(lookup_default_where[2])] = node["kind"]
+            kinds[family.where] = node["kind"]
     return kinds
 
 
 def _sets_a_kind(text: str) -> bool:
     """Whether an override sets a kinded section's kind (applied first: the section's other keys are its)."""
-    return tuple(split_override(text)[0]) in {(*where, "kind") for _, _, where in _KINDED.values()}
+    return ".".join(split_override(text)[0]) in {f"{family.where}.kind" for family in _KINDED.values()}
 
 
 def _declared_by(cls: type, key: str) -> type | None:
@@ -492,10 +488,10 @@ def _refuse_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
     section = data.get("train", {}).get("objective")
     if not isinstance(section, dict):
         return
-    old_kind = section.get("kind", DEFAULT_OBJECTIVE)
+    old_kind = section.get("kind", OBJECTIVES.default)
     if old_kind == value:
         return
-    old, new = objective_config(old_kind), objective_config(value)
+    old, new = OBJECTIVES.section(old_kind), OBJECTIVES.section(value)
     differ = [k for k in section if k != "kind" and _declared_by(new, k) is not None
               and _declared_by(new, k) is not _declared_by(old, k)]
     if differ:

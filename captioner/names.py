@@ -15,8 +15,9 @@ config). The code that behaves differently per name owns the behaviour:
   (``models/attention.py``), LOADERS (``data/datasets.py``).
 
 The decoder families and the training objectives are not named here: each owns its section (``model.decoder``,
-``train.objective``), a torch-free dataclass the config reads through ``captioner/models/decoders``'
-DECODER_CONFIGS or ``captioner/training/objectives``' OBJECTIVE_CONFIGS (its kinds, keys, values and checks).
+``train.objective``), a torch-free dataclass the config reads through its family's table (``captioner/models/
+decoders``' DECODERS, ``captioner/objective_sections.py``'s OBJECTIVES: its kinds, keys, values and checks), which
+names its class (captioner/registration.py).
 
 Adding a scorer, an attention or a data format takes its name here as well as its entry in the
 registry; the test says which table lags.
@@ -50,7 +51,7 @@ DDP_BACKENDS = ("auto", "nccl", "gloo")
 VAL_METRICS = ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1")
 # training/tblog.py: train.tensorboard
 TENSORBOARD_MODES = ("auto", "on", "off")
-# training/losses.py and train.objective.baseline (training/objectives/sections.py): the self-critical baseline
+# training/losses.py and train.objective.baseline (objective_sections.py): the self-critical baseline
 SCST_BASELINES = ("mean", "greedy")
 
 # The allowed values and ranges of the config's settings, keyed by dotted path: config.validate checks them.

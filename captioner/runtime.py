@@ -92,6 +92,22 @@ def resolve_device(name: str, setting: str = "--device", local_rank: int | None 
     return torch.device("cuda", index)
 
 
+def as_device(device: Any, setting: str = "device") -> Any:
+    """``device`` as a torch.device, resolved once per call chain: a torch.device is one already chosen (a command
+    resolves its --device with ``resolve_device`` and passes the result down; ``api.load_captioner`` passes its own
+    to the loaders it calls) and is used as it is; a name ("auto", "cpu", "cuda:1") goes through ``resolve_device``
+    here, refused naming ``setting`` when this machine cannot give it."""
+    import torch
+
+    if isinstance(device, torch.device):
+        cuda_missing = device.type == "cuda" and (
+            not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count())
+        if not cuda_missing:
+            return device
+        device = str(device)  # one this machine lacks (a Python caller's): the rule's clear refusal
+    return resolve_device(device, setting)
+
+
 def describe_device(device: Any, requested: str) -> str:
     """What a command prints about the device it chose, e.g. ``device cuda:0 (NVIDIA H100; asked: auto)``."""
     import torch

@@ -113,6 +113,16 @@ def run_step(step: dict, log) -> None:
     if step.get("needs_weight") and chosen_weight() is None:
         print(f"{step['name']}: waits for the sweep", flush=True)
         return
+    result = train_and_evaluate(step, log, ROWS)
+    g = result["boxes"]["generated"]
+    print(f"{step['name']}: CIDEr-D {result['scores']['CIDEr-D']:.2f}  pointing {100 * g['pointing']:.1f} "
+          f"(centre {100 * g['centre_pointing']:.1f})  inside {g['inside']:.3f}  train {result['train_wall_s']:.0f}s",
+          flush=True)
+
+
+def train_and_evaluate(step: dict, log, rows: Path) -> dict:
+    """Train ``step`` (each of its commands, resumed where interrupted), evaluate its model on val with the box
+    and mirror figures, and write the row (figures, commands, wall times) to ``rows``/NAME.json."""
     train_s = sum(_train(c, log) for c in step["train"])
     evaluate = ["evaluate", "--checkpoint", step["model"], "--split", "val", "--beam", "3", "--mirror-check",
                 "--entities", ENTITIES, "--json"]
@@ -123,11 +133,9 @@ def run_step(step: dict, log) -> None:
     result.update({"train_commands": [" ".join(["captioner", *c]) for c in step["train"]],
                    "evaluate_command": " ".join(["captioner", *evaluate]), "train_wall_s": train_s,
                    "evaluate_wall_s": time.time() - start})
-    ROWS.mkdir(parents=True, exist_ok=True)
-    (ROWS / f"{step['name']}.json").write_text(json.dumps(result, indent=1))
-    g = result["boxes"]["generated"]
-    print(f"{step['name']}: CIDEr-D {result['scores']['CIDEr-D']:.2f}  pointing {100 * g['pointing']:.1f} "
-          f"(centre {100 * g['centre_pointing']:.1f})  inside {g['inside']:.3f}  train {train_s:.0f}s", flush=True)
+    rows.mkdir(parents=True, exist_ok=True)
+    (rows / f"{step['name']}.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 LABELS = {

@@ -12,7 +12,7 @@ import torch
 from captioner.config import AttentionConfig
 from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import search
-from captioner.models.decoders import family_config
+from captioner.models.decoders import DECODERS
 from captioner.models.decoders.registry import build_decoder
 
 PAD, START, END, UNK = 0, 1, 2, 3
@@ -32,7 +32,7 @@ DECODES = [(1, 1, False, 0, 10), (3, 1, False, 0, 10), (3, 2, False, 0, 10), (5,
 
 def fixed_decoder(name: str) -> torch.nn.Module:
     kind, attention, V, _ = MODELS[name]
-    family = family_config(kind)
+    family = DECODERS.section(kind)
     sizes = dict(embed_dim=16, hidden_dim=24, layers=2, dropout=0.0)
     section = family(**{f: v for f, v in sizes.items() if f in family.__dataclass_fields__})
     dec = build_decoder(section, AttentionConfig(attention=attention, attention_dim=16, heads=2), vocab_size=V,

@@ -174,34 +174,34 @@ def test_choices_are_the_model_code_tables():
     from captioner.config import CHOICES
     from captioner.data.datasets import LOADERS, SPLITS
     from captioner.models.attention import ATTENTIONS
-    from captioner.models.decoders import DECODER_CONFIGS
+    from captioner.models.decoders import DECODERS
     from captioner.models.decoders.contract import CaptionDecoder
-    from captioner.models.decoders.registry import DECODERS
     from captioner.models.scorers import SCORERS
-    from captioner.training.objectives import OBJECTIVE_CONFIGS
-    from captioner.training.objectives.registry import OBJECTIVES
+    from captioner.objective_sections import OBJECTIVES
+    from captioner.registration import implementation
+    from captioner.training.objectives.base import Objective
     from captioner.training.optim import OPTIMIZERS
     from captioner.training.wblog import MODES as WANDB_MODES
 
     assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
     assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
-    # the decoder families: the torch-free configs the config reads and the classes, one registry each
-    assert tuple(DECODERS) == tuple(DECODER_CONFIGS)
+    # the decoder families: one registration each, the torch-free section the config reads, naming its class
     assert {"lstm", "transformer"} <= set(DECODERS)
-    for kind, family in DECODER_CONFIGS.items():
+    for kind, family in DECODERS.items():
         assert family().kind == kind
         # the keys a family reads are its constructor's arguments, fast and reference alike (a fast path subclasses
         # its family's plain decoder; besides the sizes the vocabulary and the encoder fix)
         reads = {f.name for f in dataclasses.fields(family)} - {"kind"} | set(family.ATTENTION_KEYS)
-        for cls in [c for c in DECODERS[kind].__mro__ if issubclass(c, CaptionDecoder) and c is not CaptionDecoder]:
-            assert cls.config_class is family
+        built = implementation(family, CaptionDecoder)
+        for cls in [c for c in built.__mro__ if issubclass(c, CaptionDecoder) and c is not CaptionDecoder]:
             assert set(inspect.signature(cls).parameters) == reads | {"vocab_size", "feature_dim", "pad_id"}
     assert tuple(LOADERS) == names.DATA_FORMATS == CHOICES["data.format"]
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
-    # the training objectives: the torch-free sections the config reads and the classes, one registry each
-    assert tuple(OBJECTIVES) == tuple(OBJECTIVE_CONFIGS) == ("xe", "reinforce", "loo", "gumbel", "scst")
-    assert all(section().kind == kind for kind, section in OBJECTIVE_CONFIGS.items())
+    # the training objectives: one registration each, the torch-free section naming its class
+    assert {"xe", "reinforce", "loo", "gumbel", "scst"} <= set(OBJECTIVES)
+    assert all(section().kind == kind and issubclass(implementation(section), Objective)
+               for kind, section in OBJECTIVES.items())
     assert names.DECODING_MODES == CHOICES["eval.attention_mode"]
 
 

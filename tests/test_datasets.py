@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -353,16 +354,19 @@ def test_caption_batch_pin_memory_preserves_values():
 
 @pytest.mark.gpu
 def test_the_training_loader_pins_its_batches_and_to_widens_on_the_gpu(tmp_path):
+    """On CUDA the loader pins its batches, as training asks on a GPU; the dry run (CAPTIONER_GPU_TEST_DEVICE=cpu)
+    runs the same loader unpinned, as training does on the CPU, and checks the rest."""
     from captioner.training.inputs import epoch_loader
 
+    device = os.environ.get("CAPTIONER_GPU_TEST_DEVICE", "cuda")
     records = _records(6)
     ds = GridCaptionDataset(records, build_vocab(records), max_length=20, cache=_random_cache(tmp_path, records),
                             preload_bytes=0)
     for batch in epoch_loader(ds, 4, epoch=0, seed=0, rank=0, world=1, shuffle=True, num_workers=2,
-                              pin_memory=True):
-        assert batch.inputs.is_pinned() and batch.inputs.dtype == torch.float16
-        moved = batch.to("cuda")
-        assert moved.inputs.dtype == torch.float32 and moved.inputs.is_cuda
+                              pin_memory=device == "cuda"):
+        assert batch.inputs.is_pinned() == (device == "cuda") and batch.inputs.dtype == torch.float16
+        moved = batch.to(device)
+        assert moved.inputs.dtype == torch.float32 and moved.inputs.device.type == device
         assert torch.equal(moved.inputs.cpu(), batch.inputs.float())
 
 

@@ -4,17 +4,21 @@ greedy == beam 1, per-image state == copied state in beam search, sampling and S
 The Transformer's own parts (causal mask, KV cache, overlay layer) are checked at the end."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from captioner.config import AttentionConfig
+from captioner.api import build_model
+from captioner.config import AttentionConfig, load_config
+from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search
 from captioner.models.attention import ATTENTIONS
-from captioner.models.decoders import family_config
+from captioner.models.decoders import DECODERS, ShowAttendTellConfig
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
-from captioner.models.decoders.registry import DECODERS, build_decoder
+from captioner.models.decoders.registry import build_decoder
 from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
 from captioner.visualize import overlay_attention
 
@@ -27,7 +31,7 @@ START, END, PAD = 1, 2, 0
 def tiny(kind: str, dropout: float = 0.0, **overrides) -> CaptionDecoder:
     torch.manual_seed(0)
     sizes = dict(embed_dim=16, hidden_dim=24, layers=2, dropout=dropout, **overrides)
-    family = family_config(kind)  # built as api.build_model builds it: the family's section and model.attention
+    family = DECODERS.section(kind)  # built as api.build_model builds it: the family's section and model.attention
     section = family(**{f: v for f, v in sizes.items() if f in family.__dataclass_fields__})
     return build_decoder(section, AttentionConfig(attention_dim=16, heads=2), vocab_size=V, feature_dim=D,
                          pad_id=PAD)
@@ -181,7 +185,39 @@ def test_transformer_overlay_layer_and_cache():
 
 
 def test_a_section_of_another_family_is_refused():
-    section = family_config("lstm")(embed_dim=16, hidden_dim=24)
+    section = DECODERS.section("lstm")(embed_dim=16, hidden_dim=24)
     section.kind = "transformer"
-    with pytest.raises(ValueError, match="the section is a ShowAttendTellConfig, not the TransformerConfig"):
+    with pytest.raises(ValueError, match="the section is a ShowAttendTellConfig, not the TransformerConfig registered"):
         build_decoder(section, AttentionConfig(heads=2), vocab_size=V, feature_dim=D)
+
+
+@dataclasses.dataclass
+class ProbeConfig(ShowAttendTellConfig):
+    """A new family's section (a probe: the plain LSTM decoder under a new kind, in a module written below)."""
+
+    kind: str = "probe"
+    IMPLEMENTATION = "probe_decoder:ProbeDecoder"
+
+
+PROBE_MODULE = '''
+from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
+
+
+class ProbeDecoder(ShowAttendTellDecoder):
+    """A new decoder family's class."""
+'''
+
+
+def test_a_family_registered_with_one_line_passes_the_contract(tmp_path, monkeypatch):
+    """Its config module (ProbeConfig above), its class's module and one line in DECODERS: the config reads the
+    new kind, api.build_model builds it, and the contract's tests hold for it with no other edit."""
+    (tmp_path / "probe_decoder.py").write_text(PROBE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(DECODERS.sections, "probe", ProbeConfig)  # the one line
+    cfg = load_config(None, ["model.decoder.kind=probe", "model.decoder.embed_dim=16", "model.decoder.hidden_dim=24",
+                             "model.encoder.pretrained=false"])
+    assert isinstance(cfg.model.decoder, ProbeConfig)
+    assert type(build_model(cfg, Vocab.build([["a", "b"]], min_count=1)).decoder).__name__ == "ProbeDecoder"
+    for test in (test_teacher_forcing_packs_the_real_steps_and_step_reproduces_it, test_cross_entropy_loss_falls,
+                 test_beam_search_greedy_and_per_word_overlays, test_sampling_and_the_scst_loss_train_every_part):
+        test("probe")

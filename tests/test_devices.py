@@ -1,5 +1,6 @@
 """One device rule for every command (captioner/runtime.resolve_device): auto by default, said aloud, refused by name
-when the machine cannot give it; under torchrun each process on its own GPU; RNG state per local device."""
+when the machine cannot give it, and resolved once per command call (the loaders take the command's torch.device as
+it is); under torchrun each process on its own GPU; RNG state per local device."""
 
 from __future__ import annotations
 
@@ -154,3 +155,75 @@ def test_a_resume_with_fewer_gpus_visible_restores_its_own_and_never_indexes_pas
     new = dict(state, cuda_device=torch.ones(4, dtype=torch.uint8))
     distributed.set_rng_state(new, torch.device("cuda", 3))
     assert torch.equal(calls[-1][0], torch.ones(4, dtype=torch.uint8)) and calls[-1][1] == torch.device("cuda", 3)
+
+
+# --------------------------------------------------------------------------- resolved once per command call
+
+
+@pytest.fixture
+def device_rule_calls(monkeypatch):
+    """Every call of runtime.resolve_device, wherever a module imported it by name, recorded as (name, setting) and
+    answered by the rule itself: what proves a command resolves its device once."""
+    import captioner.api  # noqa: F401  (imported before the patch, so their by-name imports are patched too)
+    import captioner.commands.caption  # noqa: F401
+    import captioner.commands.evaluate  # noqa: F401
+
+    rule, calls = runtime.resolve_device, []
+
+    def counted(name, setting="--device", local_rank=None):
+        calls.append((str(name), setting))
+        return rule(name, setting, local_rank)
+
+    for module in list(sys.modules.values()):
+        if module is not None and vars(module).get("resolve_device") is rule:
+            monkeypatch.setattr(module, "resolve_device", counted)
+    return calls
+
+
+@pytest.mark.parametrize("models", [1, 2], ids=["one-model", "ensemble"])
+def test_evaluate_resolves_its_device_once(smoke_checkpoint, tmp_path, monkeypatch, device_rule_calls, models):
+    """--device is resolved by the command (naming the flag) and the resolved torch.device goes down to every
+    loader (load_captioner, load_ensemble, load_model for each member), none of which resolves it again."""
+    import captioner.commands.evaluate as evaluate
+
+    seen = {}
+    monkeypatch.setattr(evaluate, "evaluate_model", lambda model, records, options, **kw: seen.update(model=model)
+                        or {"scores": {}, "n_images": len(records)})
+    monkeypatch.setattr(evaluate, "format_table", lambda result, split: "")
+    code = evaluate.main(["--checkpoint", *[str(smoke_checkpoint)] * models, "--device", "cpu", "--data-root",
+                          str(tmp_path / "shapes"), "--split", "val", "--max-images", "1", "--no-cache",
+                          "--tokenizer", "simple"])
+    assert code == 0
+    assert device_rule_calls == [("cpu", "--device")]
+    assert seen["model"].device == torch.device("cpu")
+
+
+def test_caption_resolves_its_device_once(smoke_checkpoint, tmp_path, device_rule_calls, capsys):
+    from PIL import Image
+
+    from captioner.commands.caption import main as caption
+
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "x.png")
+    assert caption([str(tmp_path / "x.png"), "--model", str(smoke_checkpoint), "--device", "cpu", "--beam", "1"]) == 0
+    assert device_rule_calls == [("cpu", "--device")]
+    assert "captioner caption: device cpu (asked: cpu)" in capsys.readouterr().err
+
+
+def test_the_python_api_resolves_a_name_once_and_takes_a_torch_device_as_resolved(smoke_checkpoint,
+                                                                                     device_rule_calls):
+    from captioner.api import load_captioner
+
+    assert load_captioner(smoke_checkpoint, device="cpu").device == torch.device("cpu")
+    assert device_rule_calls == [("cpu", "device")]  # named as the keyword a Python user passed
+    assert load_captioner([smoke_checkpoint] * 2, device=torch.device("cpu")).device == torch.device("cpu")
+    assert device_rule_calls == [("cpu", "device")]  # a torch.device is one already chosen: not resolved again
+
+
+@no_cuda
+def test_the_python_api_still_refuses_a_device_name_this_machine_lacks(smoke_checkpoint):
+    from captioner.api import load_captioner, load_model
+
+    for load in (load_captioner, load_model):
+        for device in ("cuda", torch.device("cuda")):  # a torch.device is trusted only where the machine has it
+            with pytest.raises(DeviceError, match=r"device=cuda: CUDA is not available"):
+                load(smoke_checkpoint, device=device)

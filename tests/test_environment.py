@@ -102,3 +102,14 @@ def test_wheel_carries_the_shipped_model_configs_and_licence(tmp_path):
                  "captioner/serving/serve_page.html", "captioner/fast/kernels/fused.c"):
         assert name in names, name
     assert any(n.endswith("licenses/LICENSE") for n in names)
+
+
+def test_the_gpu_check_collects_every_file_that_holds_gpu_tests_and_only_those():
+    """`make gpu-check` collects only the files with `gpu` tests (others import fastapi, nbclient, pycocoevalcap,
+    which a GPU node may lack), so a new `gpu` test in another file would never run there: this names it."""
+    import re
+
+    listed = re.search(r"^GPU_TEST_FILES := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    marker = "pytest.mark." + "gpu"  # spelt apart: this file holds no such test
+    holding = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text())
+    assert sorted(listed) == holding

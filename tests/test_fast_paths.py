@@ -22,8 +22,10 @@ from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDe
 from captioner.training.losses import hard_attention_loss, soft_attention_loss
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_token_nll_equals_cross_entropy(dtype):
+def test_token_nll_equals_cross_entropy(dtype, smoothing):
+    """Label smoothing ε included: F.cross_entropy's label_smoothing, values and gradients."""
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(37, 53, generator=g) * 6).to(dtype)  # large logits: log-sum-exp must be stable
     logits[0, :] = 80.0  # a row of equal, large logits
@@ -31,8 +33,9 @@ def test_token_nll_equals_cross_entropy(dtype):
     weights = torch.rand(37, generator=g, dtype=torch.float64)
     x_fast = logits.clone().requires_grad_()
     x_ref = logits.clone().requires_grad_()
-    fast = token_nll(x_fast, targets)
-    ref = F.cross_entropy(x_ref.double() if dtype == torch.float64 else x_ref.float(), targets, reduction="none")
+    fast = token_nll(x_fast, targets, smoothing)
+    ref = F.cross_entropy(x_ref.double() if dtype == torch.float64 else x_ref.float(), targets, reduction="none",
+                          label_smoothing=smoothing)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     assert fast.dtype == ref.dtype
     torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
@@ -42,8 +45,10 @@ def test_token_nll_equals_cross_entropy(dtype):
     torch.testing.assert_close(x_fast.grad, x_ref.grad, atol=tol if dtype != torch.bfloat16 else 1e-2, rtol=tol)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("dtype,bias", [(torch.float32, True), (torch.float64, True), (torch.float64, False)])
-def test_linear_token_nll_equals_linear_then_cross_entropy(dtype, bias):
+def test_linear_token_nll_equals_linear_then_cross_entropy(dtype, bias, smoothing):
+    """Label smoothing ε included: F.cross_entropy's label_smoothing, values and gradients."""
     g = torch.Generator().manual_seed(1)
     R, E, V = 29, 11, 47
     x = (torch.randn(R, E, generator=g) * 2).to(dtype)
@@ -55,8 +60,9 @@ def test_linear_token_nll_equals_linear_then_cross_entropy(dtype, bias):
     leaves = [x, W] + ([b] if bias else [])
     fast_in = [t.clone().requires_grad_() for t in leaves]
     ref_in = [t.clone().requires_grad_() for t in leaves]
-    fast = linear_token_nll(fast_in[0], fast_in[1], fast_in[2] if bias else None, targets)
-    ref = F.cross_entropy(F.linear(ref_in[0], ref_in[1], ref_in[2] if bias else None), targets, reduction="none")
+    fast = linear_token_nll(fast_in[0], fast_in[1], fast_in[2] if bias else None, targets, smoothing)
+    ref = F.cross_entropy(F.linear(ref_in[0], ref_in[1], ref_in[2] if bias else None), targets, reduction="none",
+                          label_smoothing=smoothing)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(fast, ref, atol=tol, rtol=tol)
     (fast * weights).sum().backward(retain_graph=True)
@@ -67,6 +73,16 @@ def test_linear_token_nll_equals_linear_then_cross_entropy(dtype, bias):
     (fast * weights).sum().backward()  # the saved buffer is not consumed: a second backward is exact
     for a, once in zip(fast_in, first):
         torch.testing.assert_close(a.grad, 2 * once, atol=tol, rtol=tol)
+
+
+def test_label_smoothing_changes_the_loss_and_is_refused_outside_0_to_1():
+    g = torch.Generator().manual_seed(3)
+    x, W = torch.randn(5, 4, generator=g), torch.randn(9, 4, generator=g)
+    targets = torch.randint(0, 9, (5,), generator=g)
+    assert not torch.allclose(linear_token_nll(x, W, None, targets, 0.1), linear_token_nll(x, W, None, targets))
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="label smoothing must be in \\[0, 1\\)"):
+            linear_token_nll(x, W, None, targets, bad)
 
 
 def test_linear_token_nll_under_autocast_falls_back_to_the_plain_layer():

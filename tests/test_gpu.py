@@ -3,7 +3,7 @@
 tests/test_amp.py, DDP under gloo in tests/test_train.py); these check what only a GPU can show.
 
 - training in bf16 and fp16 (with its scaler) on CUDA through validation, resume and evaluate;
-- decoding on CUDA gives the CPU's captions: identical words for at least 90 % of images with TF32 off (float32
+- decoding on CUDA gives the CPU's captions: identical words for at least 4 of the 5 photos with TF32 off (float32
   reductions run in another order on the GPU, so a near-tie between two words may break the other way), summed
   log-probabilities within 1e-3 where the words agree;
 - two processes training on one GPU (gloo: NCCL refuses two ranks on one device) stay in lockstep;
@@ -91,7 +91,8 @@ def test_decoding_on_cuda_gives_the_cpus_captions():
     finally:
         enable_tf32(True)
     same = [a["caption"] == b["caption"] for a, b in zip(cpu, gpu)]
-    assert sum(same) >= 0.9 * len(photos), [(a["caption"], b["caption"]) for a, b in zip(cpu, gpu)]
+    # at least 4 of the 5 photos: one may differ where two beams tie to within another device's rounding
+    assert sum(same) >= len(photos) - 1, [(a["caption"], b["caption"]) for a, b in zip(cpu, gpu)]
     for a, b, equal in zip(cpu, gpu, same):
         if equal:
             assert abs(a["score"] - b["score"]) < 1e-3
@@ -118,7 +119,13 @@ def test_two_processes_on_one_gpu_stay_in_lockstep(data_root, tmp_path):
                    MASTER_PORT=port, **{WEIGHTS_HASH_ENV: "1"})
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    try:  # within the check's 240 s per test; a hang kills both ranks rather than leaving them running
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     hashes = [(run_dir / f"weights-rank{r}.sha256").read_text() for r in (0, 1)]
     assert hashes[0] == hashes[1]

@@ -52,6 +52,38 @@ def test_export_writes_the_three_files_and_loads_back_bit_for_bit(folder, smoke_
     assert meta["config"]["model"]["encoder"]["pretrained"] is False
 
 
+
+def test_a_checkpoint_loads_with_its_config_as_saved_and_exports_it_so(smoke_checkpoint, tmp_path, monkeypatch):
+    """The config a checkpoint carries is the loaded model's, unchanged (load_model once rewrote its
+    model.encoder.pretrained after reading it): a frozen pretrained backbone still says so, yet its weights come from
+    the checkpoint, never from the installed ones; an export then writes that config and leaves the backbone out."""
+    import captioner.models.backbones as backbones
+    from captioner.config import config_to_dict
+    from captioner.store.checkpoint import load_checkpoint, save_checkpoint
+    from captioner.store.hub import BACKBONE_PREFIX, weights_shapes
+    from captioner.store.saved_config import read_saved_config
+
+    payload = load_checkpoint(smoke_checkpoint / "best.pt", map_location="cpu")
+    saved = json.loads(json.dumps(payload["config"]))
+    saved["model"]["encoder"]["pretrained"] = True  # a frozen pretrained backbone (finetune_blocks 0)
+    save_checkpoint(tmp_path / "best.pt", {"model": payload["model"], "config": saved, "vocab": payload["vocab"],
+                                           "epoch": 1})
+
+    def installed_weights(name):
+        raise AssertionError(f"{name}: a checkpoint's backbone was read from the installed weights")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(backbones, "lite_wheel_file", installed_weights)
+        model = load_captioner(tmp_path / "best.pt", device="cpu")
+    assert config_to_dict(model.config) == config_to_dict(read_saved_config(saved))
+    assert model.config.model.encoder.pretrained is True and model.pretrained_backbone is True
+    state = model.state_dict()
+    for key, value in payload["model"].items():
+        assert torch.equal(state[key], value), key
+    out = model.save_pretrained(tmp_path / "folder", dtype="float32")
+    assert json.loads((out / CONFIG_FILE).read_text())["config"] == config_to_dict(model.config)
+    assert not any(key.startswith(BACKBONE_PREFIX) for key in weights_shapes(out / WEIGHTS_FILE))
+
 def test_the_card_carries_what_a_hub_reads(folder):
     block, body = split_card((folder / CARD_FILE).read_text())
     assert block["library_name"] == "captioner" and block["pipeline_tag"] == "image-to-text"

@@ -1,10 +1,12 @@
-"""The package's import rules (issues 15 and 28), read from the source with ``ast`` so they stay true:
+"""The package's import rules (issues 15, 28 and 55), read from the source with ``ast`` so they stay true:
 
 - no import cycles: the graph of which module imports which has no circle, not even through a function-level
-  import (``api`` <-> ``zoo`` and ``config`` <-> ``data/datasets`` were two);
+  import (``api`` <-> ``zoo`` and ``config`` <-> ``data/datasets`` were two), nor between wings (``config`` <->
+  ``training/`` was one: config read the objectives' sections there); the graph includes the imports by name
+  (``cli.py``'s dispatch, each family's ``IMPLEMENTATION`` paths);
 - ``captioner/config.py`` is a leaf: it checks names against ``captioner/names.py`` and reads the decoder
   families' and the training objectives' torch-free sections (``models/decoders/*_config.py``,
-  ``training/objectives/sections.py``), and loads without torch;
+  ``objective_sections.py``), and loads without torch;
 - ``captioner/models/`` holds pure modules: they import neither the data layer, the config, the
   checkpoint format nor the application (``captioner.api``) or the command line;
 - ``captioner/data/`` knows files and records, not models;
@@ -100,8 +102,29 @@ def import_graph(sources: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
 
 
 def package_graph() -> dict[str, set[str]]:
+    """The package's import graph, with the imports no import statement shows: cli.py's dispatch (``COMMANDS``,
+    by importlib) and each family's builder importing the classes its sections name (``dynamic_imports``)."""
     sources = {module_name(p): (_package_of(p), p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
-    return import_graph(sources)
+    graph = import_graph(sources)
+    for module, targets in dynamic_imports().items():
+        graph[module] |= targets
+    return graph
+
+
+def dynamic_imports() -> dict[str, set[str]]:
+    """Module -> the modules it imports by name at run time: cli.py each command's module, and each family's
+    builder (models/decoders/registry.py, training/objectives/registry.py) the module of every class its
+    family's sections name (``IMPLEMENTATION``, registration.py)."""
+    from captioner.cli import COMMANDS
+    from captioner.models.decoders import DECODERS
+    from captioner.objective_sections import OBJECTIVES
+
+    def named(family) -> set[str]:
+        return {section.IMPLEMENTATION.partition(":")[0] for _, section in family.items()}
+
+    return {"captioner.cli": {module for module, _ in COMMANDS.values()},
+            "captioner.models.decoders.registry": named(DECODERS),
+            "captioner.training.objectives.registry": named(OBJECTIVES)}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -187,10 +210,60 @@ def test_the_package_has_no_import_cycles():
         "\n".join("  " + " <-> ".join(c) for c in cycles)
 
 
+def wing_of(module: str) -> str:
+    """The wing a module belongs to: its top-level package (``captioner.training``), or a top-level module itself
+    (``captioner.config``)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (PACKAGE / parts[1] / "__init__.py").is_file():
+        return ".".join(parts[:2])
+    return module
+
+
+def wing_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with each module replaced by its wing (an arrow within a wing dropped)."""
+    wings: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        wing = wing_of(module)
+        wings.setdefault(wing, set()).update(wing_of(t) for t in targets)
+    return {wing: targets - {wing} for wing, targets in wings.items()}
+
+
+def test_the_wing_graph_sees_a_loop_that_no_two_files_make():
+    """config.py reading training/objectives/sections.py (a leaf) while training/loop.py reads config.py: no
+    file imports itself around a circle, but the two wings lean on each other (issue 55)."""
+    graph = {"captioner.config": {"captioner.training.objectives.sections"},
+             "captioner.training.objectives.sections": set(),
+             "captioner.training.loop": {"captioner.config", "captioner.training.objectives.sections"}}
+    assert find_cycles(graph) == []
+    assert find_cycles(wing_graph(graph)) == [["captioner.config", "captioner.training"]]
+
+
+def test_the_wings_import_each_other_without_a_circle():
+    """Every import, the dispatch and the families' lazy class paths included (package_graph), between wings
+    and top-level modules: no two lean on each other."""
+    graph = wing_graph(package_graph())
+    assert "captioner.training" in graph["captioner.commands"] and "captioner.commands" in graph["captioner.cli"]
+    cycles = find_cycles(graph)
+    assert cycles == [], "wings that import each other:\n" + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+def test_the_dispatch_and_the_families_class_paths_name_real_modules_on_allowed_floors():
+    """What cli.py imports by name is a command module; what a family's builder imports by name (its sections'
+    IMPLEMENTATION) sits in its own wing, so the builder's floor rules hold for it as for a written import."""
+    dynamic = dynamic_imports()
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    assert all(_in(m, ("captioner.commands",)) and m in modules for m in dynamic["captioner.cli"])
+    for builder, targets in dynamic.items():
+        assert targets and targets <= modules, (builder, targets - modules)
+        wing = builder.split(".")[1]
+        if wing in WINGS:
+            assert all(wing_of(t) == wing_of(builder) and not _in(t, WINGS[wing]) for t in targets), (builder, targets)
+
+
 def _family_config(module: str) -> bool:
-    """A decoder family's or a training objective's torch-free config module (or the decoders' or objectives'
-    package's own, which lists them; and the training package's, which imports nothing)."""
-    if module in ("captioner.training", "captioner.training.objectives", "captioner.training.objectives.sections"):
+    """A decoder family's or a training objective's torch-free config module (or the decoders' package's own,
+    which lists them), or the registration helper they share."""
+    if module in ("captioner.objective_sections", "captioner.registration"):
         return True
     name = module.removeprefix("captioner.models.decoders")
     return name in ("", ".family") or (name.startswith(".") and name.endswith("_config"))
@@ -198,11 +271,12 @@ def _family_config(module: str) -> bool:
 
 def test_config_is_a_leaf_and_loads_without_torch():
     """config.py reads names.py, atomic.py, the decoder families' configs (models/decoders/*_config.py,
-    family.py, the package's registry of them) and the training objectives' sections (training/objectives/
-    sections.py and its package's registry), which import nothing else of the package, and no torch."""
+    family.py, the package's table of them), the training objectives' sections (objective_sections.py, on the
+    floor) and registration.py, which import nothing else of the package, and no torch; nothing of training/."""
     graph = package_graph()
     assert graph["captioner.config"] <= {"captioner.names", "captioner.atomic", "captioner.models.decoders",
-                                         "captioner.training.objectives", "captioner.decoding.options"}
+                                         "captioner.objective_sections", "captioner.registration",
+                                         "captioner.decoding.options"}
     reached, todo = set(), ["captioner.config"]
     while todo:
         for target in graph[todo.pop()] - reached:
@@ -218,7 +292,7 @@ def test_config_is_a_leaf_and_loads_without_torch():
     assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config", "captioner.decoding",
                                                             "captioner.decoding.options", "captioner.models",
                                                             "captioner.names", "captioner.version"], out
-    assert {m for m in loaded if _family_config(m) and m != "captioner.training"} == families, out
+    assert {m for m in loaded if _family_config(m)} == families, out
 
 
 # --------------------------------------------------------------------------- layers
@@ -256,8 +330,10 @@ WINGS: dict[str, tuple[str, ...]] = {
 def test_every_module_lives_in_a_wing_or_is_one_of_the_few_at_the_top():
     """The floor stays short: a new module goes into a wing (or says here why it cannot)."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "demo", "names", "runtime", "version",
-                   "visualize"]
+    # objective_sections.py: the objectives' torch-free sections sit below config.py, which reads them, and
+    # registration.py: the one helper that builds what a section names, under both families
+    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "demo", "names", "objective_sections",
+                   "registration", "runtime", "version", "visualize"]
     assert set(WINGS) <= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
 
 

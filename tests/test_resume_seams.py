@@ -129,8 +129,8 @@ def test_an_objective_switched_on_resume_keeps_training_with_its_own_fresh_state
     checkpoint saves its objective state as {}): the REINFORCE baseline now starts unset, as in a new run."""
     from types import SimpleNamespace
 
+    from captioner.objective_sections import ReinforceConfig
     from captioner.training.objectives.location import Reinforce
-    from captioner.training.objectives.sections import ReinforceConfig
 
     objective = Reinforce(ReinforceConfig(), SimpleNamespace(box_targets=None))
     objective.load_state_dict({})  # what a loo, gumbel or scst checkpoint holds

@@ -184,9 +184,13 @@ def test_an_old_objective_reads_as_the_section_of_the_objective_it_trained_with(
     saved = _old_objective(config_to_dict(load_config("smoke")), **old)
     saved["model"]["attention"]["attention"] = attention
     before = json.dumps(saved, sort_keys=True)
-    # grounding_weight (issue 52) is newer than every old layout: its default, 0
-    assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == {**section,
-                                                                                         "grounding_weight": 0.0}
+    # grounding_weight (issue 52), label smoothing and scheduled sampling (issue 55) are newer than every old
+    # layout: their defaults (the schedule only where the cross-entropy sections have it)
+    newer = {"grounding_weight": 0.0, "label_smoothing": 0.0}
+    if section["kind"] != "scst":
+        newer.update(scheduled_sampling_start=-1, scheduled_sampling_increase_every=5,
+                     scheduled_sampling_increase_prob=0.05, scheduled_sampling_max_prob=0.25)
+    assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == {**section, **newer}
     assert json.dumps(saved, sort_keys=True) == before  # the caller's dict is left as it was
 
 

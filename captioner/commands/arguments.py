@@ -61,10 +61,11 @@ def float_at_least(low: float) -> Callable[[str], float]:
 
 
 def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, for_people: bool = True) -> None:
-    """--beam, --n-best (when ``n_best``), --attention-mode, --max-length, --length-penalty and
-    --block-trigrams / --no-block-trigrams: every one unset (None) unless given; and the <unk> flag that turns
-    the command's default around, also unset unless given: --allow-unk where its captions are ``for_people``
-    (its options start from ``DecodeOptions.for_people``), else --forbid-unk."""
+    """--beam, --n-best (when ``n_best``), --attention-mode, --max-length, --length-penalty,
+    --block-trigrams / --no-block-trigrams, --beam-groups and --diversity (diverse beam search): every one unset
+    (None) unless given; and the <unk> flag that turns the command's default around, also unset unless given:
+    --allow-unk where its captions are ``for_people`` (its options start from ``DecodeOptions.for_people``), else
+    --forbid-unk."""
     parser.add_argument("--beam", type=int_at_least(1), default=None,
                         help="beam width, 1 = greedy (default: the model's eval.beam_size)")
     if n_best:
@@ -79,6 +80,12 @@ def add_decode_flags(parser: argparse.ArgumentParser, n_best: bool = True, for_p
                         help="beam ranking: score / length ** P (default: the model's eval.length_penalty)")
     parser.add_argument("--block-trigrams", action=argparse.BooleanOptionalAction, default=None,
                         help="never let a caption repeat a trigram (default: the model's eval.block_trigrams)")
+    parser.add_argument("--beam-groups", type=int_at_least(1), default=None,
+                        help="diverse beam search: the beams choose in this many groups (it divides --beam), "
+                             "with --diversity (default 1: plain beam search)")
+    parser.add_argument("--diversity", type=float_at_least(0.0), default=None,
+                        help="diverse beam search's lambda: a group's penalty per beam of an earlier group that "
+                             "chose the same word at that step (needs --beam-groups > 1)")
     if for_people:
         parser.add_argument("--allow-unk", dest="forbid_unk", action="store_false", default=None,
                             help="let captions contain <unk> (by default the search never chooses it)")
@@ -104,7 +111,8 @@ def decode_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
     combination (--n-best above --beam) exits through ``parser.error`` naming the flags."""
     flags = {"beam": args.beam, "n_best": getattr(args, "n_best", None), "attention_mode": args.attention_mode,
              "max_length": args.max_length, "length_penalty": args.length_penalty,
-             "block_trigrams": args.block_trigrams, "forbid_unk": args.forbid_unk}
+             "block_trigrams": args.block_trigrams, "forbid_unk": args.forbid_unk,
+             "beam_groups": args.beam_groups, "diversity": args.diversity}
     try:
         return merge(**{k: v for k, v in flags.items() if v is not None})
     except DecodeOptionError as err:
@@ -118,7 +126,8 @@ def add_device_flag(parser: argparse.ArgumentParser) -> None:
 
 def chosen_device(command: str, requested: str) -> Any:
     """The device ``--device`` names (runtime.resolve_device; DeviceError, a ValueError, names the flag), said on
-    stderr so a run on the CPU of a machine with a GPU, or the other way round, is never silent."""
+    stderr so a run on the CPU of a machine with a GPU, or the other way round, is never silent. The one resolution
+    of a command's device: the torch.device returned goes down to ``api.load_captioner``, which takes it as it is."""
     import sys
 
     device = resolve_device(requested, "--device")

@@ -38,7 +38,10 @@ class DecodeOptions:
     """beam: beam width (1 = greedy). n_best: hypotheses kept per image (<= beam). attention_mode: one of
     DECODING_MODES. max_length: most words per caption. length_penalty: beam ranking score / length ** P.
     block_trigrams: never repeat a trigram within a caption. forbid_unk: never choose <unk> (for captions a
-    person reads; off where scores must match training's)."""
+    person reads; off where scores must match training's). beam_groups, diversity: diverse beam search
+    (Vijayakumar et al. 2018; decoding/diverse.py): the beams choose in beam_groups groups, each penalised by
+    diversity (lambda) for every beam of an earlier group that chose the same word at that step; 1 and 0: plain
+    beam search."""
 
     beam: int = 3  # the width of every decode not told otherwise
     n_best: int = 1
@@ -47,9 +50,11 @@ class DecodeOptions:
     length_penalty: float = 1.0
     block_trigrams: bool = False
     forbid_unk: bool = False
+    beam_groups: int = 1
+    diversity: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("beam", "n_best", "max_length"):
+        for name in ("beam", "n_best", "max_length", "beam_groups"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DecodeOptionError(name, f"must be an integer >= 1, got {value!r}")
@@ -65,6 +70,23 @@ class DecodeOptions:
         for name in ("block_trigrams", "forbid_unk"):
             if not isinstance(getattr(self, name), bool):
                 raise DecodeOptionError(name, f"must be true or false, got {getattr(self, name)!r}")
+        self._check_diverse()
+
+    def _check_diverse(self) -> None:
+        """Diverse beam search's two settings go together: groups that split the beam evenly, and a positive
+        diversity exactly when there is more than one group (else a setting would be ignored, or the groups
+        would search alike)."""
+        lam, groups = self.diversity, self.beam_groups
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
+            raise DecodeOptionError("diversity", f"must be a finite number >= 0, got {lam!r}")
+        if self.beam % groups:
+            raise DecodeOptionError("beam_groups", f"must divide beam ({self.beam}) evenly, got {groups}")
+        if groups > 1 and lam == 0:
+            raise DecodeOptionError("diversity", f"must be > 0 with beam_groups {groups}: without it the groups "
+                                    "search alike")
+        if groups == 1 and lam > 0:
+            raise DecodeOptionError("diversity", f"{lam} needs beam_groups > 1 (it penalises a group for the words "
+                                    "of the groups before it); plain beam search would ignore it")
 
     @classmethod
     def from_config(cls, cfg: Any) -> "DecodeOptions":

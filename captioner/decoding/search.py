@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from captioner import fast as fast_paths
+from captioner.decoding.diverse import diverse_first, diverse_top
 from captioner.decoding.logits import BannedIds, Logits, _ban, _RowBans
 from captioner.decoding.options import DecodeOptions
 
@@ -279,6 +280,8 @@ def beam_search(
     a beam of one is exactly greedy. Length normalisation ranks the final hypotheses.
     An image stops once its pool holds `n_best` hypotheses that no live beam can beat in
     `norm_score` (log-probs <= 0 bound every continuation), and its rows leave the batch.
+    With `options.beam_groups` G > 1 it is diverse beam search: the beams choose in G groups, each
+    penalised for the words the groups before it chose at that step (decoding/diverse.py).
     Beams still running after `max_length` calls join the ranking as unfinished; the list
     is filled to `n_best` whenever that many hypotheses with a finite score exist, and is
     never empty.
@@ -293,7 +296,7 @@ def beam_search(
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
     beams = _Beams(state, batch_size, options.beam, start_id, end_id, options.length_penalty, options.n_best, expand,
-                   max_length, options.block_trigrams)
+                   max_length, options.block_trigrams, (options.beam_groups, options.diversity))
     bans = _StepBans(forbid_ids, end_id, min_length)
     for t in range(max_length):
         log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, ())
@@ -315,8 +318,9 @@ class _Beams:
 
     def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
                  n_best: int, expand: Callable[[State, int], State] | None, max_length: int,
-                 block_trigrams: bool) -> None:
+                 block_trigrams: bool, diverse: tuple[int, float] = (1, 0.0)) -> None:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
+        self.groups, self.diversity = diverse  # diverse beam search's groups and lambda (1: plain beam search)
         self.max_length, self.block_trigrams = max_length, block_trigrams
         self.active = list(range(batch_size))  # original image index of each image still in the batch
         B = batch_size
@@ -362,7 +366,7 @@ class _Beams:
             self.frozen_row = torch.full((V,), -math.inf, device=dense.device)
             self.frozen_row[self.end_id] = 0.0
             self.history.words = self.history.words.to(dense.device)
-        if isinstance(log_probs, Logits) and K > V:  # fewer words than beams: rank them all
+        if isinstance(log_probs, Logits) and (K > V or self.groups > 1):  # rank them all
             log_probs = log_probs.dense()
         if not self.steps:
             return self._first(log_probs, per_word, banned)
@@ -378,7 +382,11 @@ class _Beams:
                 row_bans.fill(cand, in_place=True)
             if any(self.host_finished):  # a finished beam's only continuation is <end> at +0 (known from _report)
                 cand = torch.where(self.finished[:, None], self.frozen_row + self.scores[:, None], cand)
-            top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
+            if self.groups > 1:  # the groups choose in turn, each penalised by the earlier ones' words
+                top_scores, top_idx = diverse_top(cand.view(B, K, V), self.groups, self.diversity,
+                                                  self.finished.view(B, K))
+            else:
+                top_scores, top_idx = cand.view(B, K * V).topk(K, dim=1)  # (B, K)
             parent = (torch.arange(B, device=cand.device)[:, None] * K + top_idx // V).view(N)  # (N,) row it extends
             word = (top_idx % V).view(N)  # (N,)
         self.scores = top_scores.view(N)
@@ -400,7 +408,9 @@ class _Beams:
         """Step 0 from one row per image: its K best words start the K beams (as K identical rows would, of
         which only one may extend: the others would repeat its words)."""
         B, K = len(self.active), self.K
-        if isinstance(log_probs, Logits):
+        if self.groups > 1:
+            scores, word = diverse_first(_ban(log_probs, banned), K, self.groups, self.diversity)
+        elif isinstance(log_probs, Logits):
             scores, word = log_probs.best(K, banned)  # (B, K) each
         else:  # dense log-probs; with fewer words than beams, the missing ones at -inf
             log_probs, V = _ban(log_probs, banned), log_probs.size(1)

@@ -199,6 +199,8 @@ def evaluate_model(
         "length_penalty": options.length_penalty,
         "forbid_unk": options.forbid_unk,
         "block_trigrams": options.block_trigrams,
+        "beam_groups": options.beam_groups,
+        "diversity": options.diversity,
         "attention_mode": options.attention_mode,
         "predictions": predictions,
     }

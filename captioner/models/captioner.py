@@ -123,11 +123,14 @@ class Captioner(nn.Module):
         expectation_mask: torch.Tensor | None = None,
         dropout_rows: torch.Tensor | None = None,
         temperature: float = 1.0,
+        sample_prob: float = 0.0,
     ) -> DecoderOutput:
         """Teacher-forced decoding over a prepared grid (B, L, D); see CaptionDecoder.forward (``temperature``: τ
-        of the "gumbel" read)."""
+        of the "gumbel" read; ``sample_prob``: scheduled sampling's share of input words the model samples itself,
+        which only a decoder that reads its words one step at a time takes: the config refuses it elsewhere)."""
+        more = {"sample_prob": sample_prob} if sample_prob else {}
         return self.decoder(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
-                            dropout_rows=dropout_rows, temperature=temperature)
+                            dropout_rows=dropout_rows, temperature=temperature, **more)
 
     def check_decode_options(self, options: DecodeOptions) -> DecodeOptions:
         """``options`` as they are, once this model can decode with them: a one-cell read ("argmax"/"sample")

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from captioner.config import Config, ConfigError, config_from_dict, config_from_file_data, kinded_section
-from captioner.models.decoders import DECODER_CONFIGS, DEFAULT_DECODER, family_config
+from captioner.models.decoders import DECODERS
 
 # The decoding reads of one grid cell per word (models/attention.py's ONE_CELL_MODES less training's gumbel; this
 # module stays torch-free, as the config is).
@@ -62,7 +62,7 @@ def upgrade_saved_config(data: Any) -> Any:
     if not isinstance(decoder, dict):
         return data
     try:
-        own = {f.name for f in dataclasses.fields(family_config(decoder.get("kind", DEFAULT_DECODER)))}
+        own = {f.name for f in dataclasses.fields(DECODERS.section(decoder.get("kind", DECODERS.default)))}
     except ValueError:
         return data
     for key in [k for k in decoder if k not in own]:
@@ -134,7 +134,7 @@ def _keep_soft_reads_soft(data: dict) -> None:
 
 def _defaults_elsewhere(key: str) -> list[Any]:
     """The defaults the decoder families that have ``key`` give it."""
-    return [f.default for family in DECODER_CONFIGS.values() for f in dataclasses.fields(family) if f.name == key]
+    return [f.default for family in DECODERS.sections.values() for f in dataclasses.fields(family) if f.name == key]
 
 
 def read_saved_config(data: Any, source: str | Path | None = None) -> Config:

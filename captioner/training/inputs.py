@@ -29,6 +29,7 @@ from captioner.data.datasets import (
 )
 from captioner.data.vocab import Vocab
 from captioner.training.distributed import barrier
+from captioner.training.objectives.registry import objective_class
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def make_datasets(cfg: Config, model: nn.Module, vocab: Vocab, train_records: li
 
         def make(records, per_image):
             return GridCaptionDataset(records, vocab, max_length, cache=cache, per_image=per_image)
-    train_set = make(train_records, cfg.train.objective.kind == "scst")
+    # what the objective reads from the data: images with all their references (SCST), or captions
+    train_set = make(train_records, objective_class(cfg.train.objective).per_image)
     if train_set.n_truncated:
         log.info("train: %d of %d captions longer than data.max_length=%d words were truncated",
                  train_set.n_truncated, len(train_set), max_length)

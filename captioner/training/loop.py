@@ -104,20 +104,19 @@ class _TrainForward(nn.Module):
         self.from_images = from_images
 
     def forward(self, inputs: torch.Tensor, captions: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
-                attention_mode: str = "expectation", expectation_mask: torch.Tensor | None = None,
-                sample: dict | None = None, rows: torch.Tensor | None = None, temperature: float = 1.0):
+                sample: dict | None = None, rows: torch.Tensor | None = None, **read: Any):
         """Teacher-forced decoding of captions, or with ``sample`` (decoder.sample's arguments) captions
         drawn from the model with their log-probabilities (SCST). ``rows`` (N,): the grid row each caption
         reads (several captions may read one image's grid, encoded once); they share dropout masks.
-        ``temperature``: τ of the attention's "gumbel" read (models/attention.py)."""
+        ``read``: how the teacher-forced decoder reads (Captioner.forward's attention_mode, expectation_mask,
+        temperature, sample_prob)."""
         grid = self.model.grid_from(inputs, self.from_images)  # (B, L, D)
         if rows is not None:
             grid = grid.index_select(0, rows)  # (N, L, D)
         if sample is not None:
             return self.model.decoder.sample(grid, **sample)
         # the captions that read one grid row are copies of one caption: they share their dropout masks
-        return self.model(grid, captions, lengths, attention_mode=attention_mode, expectation_mask=expectation_mask,
-                          dropout_rows=rows, temperature=temperature)
+        return self.model(grid, captions, lengths, dropout_rows=rows, **read)
 
 
 # model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way

@@ -33,27 +33,29 @@ def _at_least_float32(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def real_token_nll(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """-log p of the real (unpadded) target tokens, packed: (R,) NLL and (R,) caption index.
+def real_token_nll(output: Any, targets: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """-log p of the real (unpadded) target tokens, packed: (R,) NLL and (R,) caption index; with ``smoothing``
+    ε > 0 the label-smoothed cross-entropy instead (fast/token_nll.py).
 
     ``output`` is a DecoderOutput: it hands over the output layer's inputs on the real steps (``packed_features``)
     and the output layer's parameters, which then run fused with the loss (linear_token_nll).
     """
-    nll, rows = _real_token_nll_rows(output, targets)
+    nll, rows = _real_token_nll_rows(output, targets, smoothing)
     return nll, torch.div(rows, targets.shape[1], rounding_mode="floor")
 
 
-def _real_token_nll_rows(output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
+def _real_token_nll_rows(output: Any, targets: Tensor, smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
     """real_token_nll with each value's flat index b * T + t into targets (B, T) instead of its caption."""
     rows = output.rows  # (R,) flat indices b * T + t
     nll = linear_token_nll(output.packed_features, output.output_weight, output.output_bias,
-                           targets.reshape(-1).index_select(0, rows))
+                           targets.reshape(-1).index_select(0, rows), smoothing)
     return nll, rows
 
 
-def sequence_cross_entropy(output: Any, targets: Tensor) -> Tensor:
-    """Mean negative log-likelihood over the real (unpadded) target tokens of a DecoderOutput (real_token_nll)."""
-    nll, _ = real_token_nll(output, targets)
+def sequence_cross_entropy(output: Any, targets: Tensor, smoothing: float = 0.0) -> Tensor:
+    """Mean negative log-likelihood over the real (unpadded) target tokens of a DecoderOutput (real_token_nll);
+    with ``smoothing`` ε > 0, the mean label-smoothed cross-entropy (Szegedy et al. 2016)."""
+    nll, _ = real_token_nll(output, targets, smoothing)
     return nll.sum() / max(nll.numel(), 1)
 
 
@@ -105,13 +107,16 @@ def attention_supervision_loss(alphas: Tensor, target_maps: Tensor, supervised: 
     return (ce * m).sum(), m.sum()
 
 
-def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0, alpha_entropy: float = 0.0) -> LossOutput:
+def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0, alpha_entropy: float = 0.0,
+                        label_smoothing: float = 0.0) -> LossOutput:
     """Soft (deterministic) attention, Eq. (14). ``output`` is a DecoderOutput, targets = captions[:, 1:].
+    ``label_smoothing`` ε > 0 replaces the word cross-entropy by its label-smoothed form (``parts["xe"]`` is then
+    that, as the loss reads it).
 
     ``parts["alpha_penalty"]`` is the per-caption penalty Σ_i (1 - Σ_t α_ti)² (batch mean), as logged;
     ``parts["alpha_entropy"]`` the mean normalised entropy of α (weighted by ``alpha_entropy`` in the loss).
     """
-    xe = sequence_cross_entropy(output, targets)
+    xe = sequence_cross_entropy(output, targets, label_smoothing)
     penalty = doubly_stochastic_penalty(output.alphas, output.mask)
     sharpness = attention_entropy(output.alphas, output.mask)
     loss = xe + alpha_c * penalty_per_token(output.alphas, output.mask) + alpha_entropy * sharpness

@@ -11,34 +11,28 @@
     show_attend_tell_config.py   ShowAttendTellConfig: model.decoder for kind lstm (torch-free)
     transformer.py               TransformerDecoder: masked self-attention over words, cross-attention over the grid
     transformer_config.py        TransformerConfig: model.decoder for kind transformer (torch-free)
-    registry.py                  DECODERS (kind -> class), build_decoder
+    updown.py                    UpDownDecoder: Anderson et al. 2018's attention LSTM and language LSTM over the grid
+    updown_config.py             UpDownConfig: model.decoder for kind updown (torch-free)
+    registry.py                  build_decoder: the class a section names, built at the vocabulary's and grid's sizes
 
-This package's own module is torch-free: ``DECODER_CONFIGS`` maps ``model.decoder.kind`` to the family's config
-dataclass, which ``captioner/config.py`` reads without importing torch or the models. ``registry.DECODERS`` maps
-the same kinds to the classes ``api.build_model`` builds, each naming its dataclass as ``config_class`` (a test
-holds the two registries equal). Adding a family: its class, its config module, and an entry in each.
+This package's own module is torch-free: ``DECODERS`` maps ``model.decoder.kind`` to the family's config
+dataclass, which ``captioner/config.py`` reads without importing torch or the models, and each dataclass names
+its class once (``IMPLEMENTATION``, captioner/registration.py). Adding a family: its class, its config module,
+and one line in ``DECODERS``; tests/test_decoder_contract.py then checks it with the others.
 """
 from __future__ import annotations
-
-from typing import Any
 
 from captioner.models.decoders.family import DecoderFamilyConfig
 from captioner.models.decoders.show_attend_tell_config import ShowAttendTellConfig
 from captioner.models.decoders.transformer_config import TransformerConfig
+from captioner.models.decoders.updown_config import UpDownConfig
+from captioner.registration import Family
 
-DECODER_CONFIGS: dict[str, type[DecoderFamilyConfig]] = {
+# model.decoder.kind -> its section: the one registration of each decoder family
+DECODERS: Family[DecoderFamilyConfig] = Family("model.decoder", "lstm", {
     "lstm": ShowAttendTellConfig,
     "transformer": TransformerConfig,
-}
-DEFAULT_DECODER = "lstm"
+    "updown": UpDownConfig,
+})
 
-
-def family_config(kind: Any) -> type[DecoderFamilyConfig]:
-    """The config dataclass of decoder ``kind`` (ValueError naming the valid kinds, for any other value)."""
-    if not isinstance(kind, str) or kind not in DECODER_CONFIGS:
-        raise ValueError(f"model.decoder.kind: {kind!r} is not one of {', '.join(DECODER_CONFIGS)}")
-    return DECODER_CONFIGS[kind]
-
-
-__all__ = ["DECODER_CONFIGS", "DEFAULT_DECODER", "DecoderFamilyConfig", "ShowAttendTellConfig", "TransformerConfig",
-           "family_config"]
+__all__ = ["DECODERS", "DecoderFamilyConfig", "ShowAttendTellConfig", "TransformerConfig", "UpDownConfig"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -219,13 +219,12 @@ class SampleDraws:
 
 class CaptionDecoder(nn.Module, ABC):
     """The decoder contract (module docstring). Subclasses set ``vocab_size``, ``pad_id`` and ``attention_kind``
-    and implement ``forward``, ``init_state`` and ``next_logits``; a registered family's class names its
-    ``model.decoder`` dataclass as ``config_class`` (family.py)."""
+    and implement ``forward``, ``init_state`` and ``next_logits``; a registered family's ``model.decoder``
+    dataclass names its class (family.py, ``IMPLEMENTATION``)."""
 
     vocab_size: int
     pad_id: int
     attention_kind: str
-    config_class: ClassVar[type]
 
     @property
     def stochastic(self) -> bool:
@@ -253,7 +252,9 @@ class CaptionDecoder(nn.Module, ABC):
         over grid (B, L, D). expectation_mask (B,) bool: hard attention reads the expected context there.
         dropout_rows (B,) long: rows with the same value draw the same dropout masks (``shared_dropout``: the K
         copies of a caption in the leave-one-out estimator, whose advantage should carry only the cells).
-        temperature: τ of hard attention's "gumbel" read (training/objectives/location.py); no other mode reads it."""
+        temperature: τ of hard attention's "gumbel" read (training/objectives/location.py); no other mode reads it.
+        A family whose section sets SCHEDULED_SAMPLING also takes ``sample_prob`` (scheduled sampling: the share of
+        input words after the first drawn from its own previous output; family.py)."""
 
     @abstractmethod
     def init_state(self, grid: Tensor) -> State:

@@ -1,8 +1,9 @@
 """What a decoder family's config is: the ``model.decoder`` section, one dataclass per family (torch-free).
 
-Each family (a key of ``DECODER_CONFIGS`` in this package's ``__init__``) owns a dataclass derived from
+Each family (a kind of ``DECODERS`` in this package's ``__init__``) owns a dataclass derived from
 ``DecoderFamilyConfig``, in a torch-free module beside its class (``show_attend_tell_config.py``,
-``transformer_config.py``); the class names it as ``config_class`` (``registry.py``). The dataclass holds the
+``transformer_config.py``), which names that class once (``IMPLEMENTATION``, ``"module:Class"``, imported when
+``registry.build_decoder`` builds it; captioner/registration.py). The dataclass holds the
 family's fields (their names are its constructor's arguments) and says which ``model.attention`` keys it also
 reads (``ATTENTION_KEYS``), which values it accepts (``CHOICES``, ``POSITIVE``, ``UNIT_INTERVAL``, checked by
 ``config.validate`` with the config's own tables, and ``check`` for the rest) and what it passes its class
@@ -27,6 +28,8 @@ class DecoderFamilyConfig:
     their fields, and the class-level tables below; ``check`` adds what the tables cannot say."""
 
     kind: str = ""
+    # the CaptionDecoder it configures, "module:Class" (registration.build)
+    IMPLEMENTATION: ClassVar[str] = ""
     # the model.attention keys this family's constructor also takes (config.unread_keys refuses the others)
     ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ()
     # the allowed values and ranges of its fields, which config.validate checks with the config's own tables
@@ -36,6 +39,9 @@ class DecoderFamilyConfig:
     # each word's alpha is the distribution its context was read from (what train.objective.grounding_weight
     # supervises); False where the per-word map is only a summary of other reads (a Transformer layer's heads)
     WORD_ALPHA: ClassVar[bool] = True
+    # it reads its input words one step at a time, so scheduled sampling can feed it its own samples
+    # (train.objective.scheduled_sampling_start)
+    SCHEDULED_SAMPLING: ClassVar[bool] = False
 
     def check(self, attention: Any) -> None:
         """ValueError, naming the key path, for a combination this family cannot build that the tables above

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask, shared_dropout
-from captioner.models.decoders.show_attend_tell_config import GATES, ShowAttendTellConfig
+from captioner.models.decoders.show_attend_tell_config import GATES
 
 
 class ShowAttendTellDecoder(CaptionDecoder):
@@ -40,8 +40,6 @@ class ShowAttendTellDecoder(CaptionDecoder):
             paper; a frozen encoder's 6,000 Flickr8k grids are otherwise memorised within a few epochs).
         pad_id: id of <pad> (its embedding stays zero).
     """
-
-    config_class = ShowAttendTellConfig  # model.decoder for kind lstm (registry.py)
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
@@ -108,8 +106,13 @@ class ShowAttendTellDecoder(CaptionDecoder):
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
-                temperature: float = 1.0) -> DecoderOutput:
-        """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch."""
+                temperature: float = 1.0, sample_prob: float = 0.0) -> DecoderOutput:
+        """Teacher-forced decoding (contract.CaptionDecoder.forward), one step at a time over the padded batch.
+
+        ``sample_prob`` p > 0 is scheduled sampling (Bengio et al. 2015): from the second step on, each caption's
+        input word is, with probability p (drawn per caption and step), a word sampled from the model's own
+        previous output distribution (without gradient) instead of the reference's; the targets stay the
+        reference's."""
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
         grid = shared_dropout(self.feature_dropout, grid, dropout_rows)  # identity in eval mode
@@ -117,15 +120,30 @@ class ShowAttendTellDecoder(CaptionDecoder):
         state = self.init_state(grid)
         features, reads = [], []
         for t in range(captions.shape[1] - 1):
-            state, z, read = self.recur(emb[:, t], state, mode, expectation_mask, temperature)
-            features.append(self.deep_features(emb[:, t], state[0], z, dropout_rows))  # (B, E)
+            word = emb[:, t] if not (sample_prob and t) else scheduled_input(self, captions[:, t], features[-1],
+                                                                               sample_prob)
+            state, z, read = self.recur(word, state, mode, expectation_mask, temperature)
+            features.append(self.deep_features(word, state[0], z, dropout_rows))  # (B, E)
             reads.append(read)
         return DecoderOutput.from_padded(
-            features=torch.stack(features, dim=1), alphas=_by_step([r.alpha for r in reads]), mask=mask,
-            out=self.out, log_probs=_by_step([r.log_prob for r in reads]),
-            entropies=_by_step([r.entropy for r in reads]))
+            features=torch.stack(features, dim=1), alphas=by_step([r.alpha for r in reads]), mask=mask,
+            out=self.out, log_probs=by_step([r.log_prob for r in reads]),
+            entropies=by_step([r.entropy for r in reads]))
 
 
-def _by_step(values: list[Tensor | None]) -> Tensor | None:
+def scheduled_input(decoder: nn.Module, reference: Tensor, previous: Tensor, sample_prob: float) -> Tensor:
+    """Scheduled sampling's input at one step: (B, E), the embedding (``decoder.embedding``) of each caption's
+    reference word ``reference`` (B,) or, with probability ``sample_prob``, of a word drawn from the previous
+    step's output (``decoder.out`` of its features ``previous`` (B, E)), without gradient."""
+    own = torch.rand(reference.shape[0], device=reference.device) < sample_prob  # (B,)
+    if own.any():
+        with torch.no_grad():
+            probs = torch.softmax(decoder.out(previous).float(), dim=-1)  # (B, V)
+            drawn = torch.multinomial(probs, 1).squeeze(1)  # (B,)
+        reference = torch.where(own, drawn, reference)
+    return decoder.embedding(reference)
+
+
+def by_step(values: list[Tensor | None]) -> Tensor | None:
     """T-1 per-step tensors (B, *) -> (B, T-1, *); None when the steps have none (soft attention's log p(s_t))."""
     return None if values[0] is None else torch.stack(values, dim=1)

@@ -18,6 +18,8 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
     (soft, hard, key_value, multi_head), its heads and attention_dim."""
 
     kind: str = "lstm"
+    # its fast path, a ShowAttendTellDecoder with the same weights (the reference switch runs the plain one)
+    IMPLEMENTATION: ClassVar[str] = "captioner.models.decoders.show_attend_tell_fast:FastShowAttendTellDecoder"
     embed_dim: int = 512  # the word embedding E, also the deep output's size (Eq. 7)
     hidden_dim: int = 512  # the LSTM's size
     gate: str = "scalar"  # scalar (the paper's beta_t) | vector (per channel) | none
@@ -25,6 +27,7 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
     feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
 
     ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ("attention_dim", "scorer", "attention", "heads")
+    SCHEDULED_SAMPLING: ClassVar[bool] = True
     POSITIVE: ClassVar[tuple[str, ...]] = ("embed_dim", "hidden_dim")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"gate": GATES}

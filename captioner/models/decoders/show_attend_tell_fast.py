@@ -233,11 +233,13 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     def forward(self, grid: Tensor, captions: Tensor, lengths: Tensor, attention_mode: str = "expectation",
                 expectation_mask: Tensor | None = None, dropout_rows: Tensor | None = None,
-                temperature: float = 1.0) -> DecoderOutput:
-        """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length."""
-        if not fast.enabled():
+                temperature: float = 1.0, sample_prob: float = 0.0) -> DecoderOutput:
+        """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length. Scheduled
+        sampling (``sample_prob`` > 0) runs the plain step-by-step forward: its input words are known only one
+        step at a time (docs/training-options.md measures what that costs)."""
+        if not fast.enabled() or sample_prob:
             return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows,
-                                   temperature)
+                                   temperature, sample_prob)
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
         B, T = captions.shape

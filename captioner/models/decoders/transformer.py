@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, MultiHeadAttention
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask
-from captioner.models.decoders.transformer_config import TransformerConfig, check_overlay_layer, check_width
+from captioner.models.decoders.transformer_config import check_overlay_layer, check_width
 
 Memory = tuple[Tensor, Tensor]  # MultiHeadAttention's (values, prepared keys), each (rows, M, positions, d/M)
 
@@ -92,8 +92,6 @@ class TransformerDecoder(CaptionDecoder):
         overlay_layer: the layer whose cross-attention (mean over heads) is each word's alpha (-1: the last).
         pad_id: id of <pad> (its embedding stays zero).
     """
-
-    config_class = TransformerConfig  # model.decoder for kind transformer (registry.py)
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512, hidden_dim: int = 2048,
                  layers: int = 3, heads: int = 8, dropout: float = 0.1, feature_dropout: float = 0.0,

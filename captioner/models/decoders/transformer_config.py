@@ -29,6 +29,7 @@ class TransformerConfig(DecoderFamilyConfig):
     """A pre-norm Transformer decoder over the grid. Of ``model.attention`` it reads only ``heads``."""
 
     kind: str = "transformer"
+    IMPLEMENTATION: ClassVar[str] = "captioner.models.decoders.transformer:TransformerDecoder"
     embed_dim: int = 512  # the model width d (word embeddings, attention, residual stream)
     hidden_dim: int = 512  # the feed-forward width
     layers: int = 2  # decoder layers

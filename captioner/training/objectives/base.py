@@ -113,6 +113,9 @@ class _TeacherForcedReads:
 class Objective:
     """A training objective built from its ``train.objective`` section (``section``) and ``Needs``."""
 
+    # what it reads from the data: True, a batch per image with all its references (the training set's
+    # per_image mode: SCST samples its own captions); False, a batch of (image, caption) pairs
+    per_image = False
     # DDP must search every step for parameters without a gradient (find_unused_parameters) when a step may
     # leave one out: every cross-entropy objective reaches every parameter (tests/test_ddp.py checks each)
     may_leave_parameters_out = False

@@ -12,9 +12,20 @@ from captioner.training.objectives.base import Objective
 
 
 class CrossEntropy(Objective):
-    """Teacher-forced cross-entropy of every caption, read with the expected context."""
+    """Teacher-forced cross-entropy of every caption, read with the expected context; with scheduled sampling, a
+    share of the input words (``sample_prob``, the section's schedule over the epochs) the model's own samples."""
+
+    sample_prob = 0.0
+
+    def on_epoch(self, epoch: int) -> None:
+        self.sample_prob = self.section.sample_prob(epoch)
+
+    def epoch_figures(self) -> dict[str, Any]:
+        return {"ss_prob": self.sample_prob} if self.section.scheduled_sampling_start >= 0 else {}
 
     def loss(self, forward: nn.Module, batch: Any) -> LossOutput:
-        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation")
+        read = {"sample_prob": self.sample_prob} if self.sample_prob else {}
+        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation", **read)
         return soft_attention_loss(out, batch.captions[:, 1:], alpha_c=self.section.alpha_c,
-                                   alpha_entropy=self.section.alpha_entropy)
+                                   alpha_entropy=self.section.alpha_entropy,
+                                   label_smoothing=self.section.label_smoothing)

@@ -1,7 +1,5 @@
-"""The training objectives by ``train.objective.kind``: ``OBJECTIVES`` (kind -> class) and ``build_objective``.
-
-A test holds ``OBJECTIVES`` equal to the torch-free ``OBJECTIVE_CONFIGS`` (this package's ``__init__``), whose
-sections the config reads.
+"""``build_objective``: the objective ``train.objective`` names (its section's ``IMPLEMENTATION``,
+objective_sections.py), built with what it needs (``Needs``), the box maps of supervised attention included.
 """
 
 from __future__ import annotations
@@ -12,20 +10,16 @@ from typing import Any
 from torch import nn
 
 from captioner.config import Config, ConfigError, hard_attention
+from captioner.registration import build, implementation
 from captioner.training.objectives.base import BoxTargets, Needs, Objective
-from captioner.training.objectives.cross_entropy import CrossEntropy
-from captioner.training.objectives.location import Gumbel, LeaveOneOut, Reinforce
-from captioner.training.objectives.self_critical import SelfCritical
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    "xe": CrossEntropy,
-    "reinforce": Reinforce,
-    "loo": LeaveOneOut,
-    "gumbel": Gumbel,
-    "scst": SelfCritical,
-}
+
+def objective_class(section: Any) -> type[Objective]:
+    """The Objective class a ``train.objective`` section names (what a run asks of it before building it:
+    ``per_image``)."""
+    return implementation(section, Objective)
 
 
 def box_targets(cfg: Config, model: nn.Module, train_set: Any) -> BoxTargets:
@@ -54,4 +48,4 @@ def build_objective(cfg: Config, model: nn.Module, train_set: Any, from_images: 
     needs = Needs(model=model, train_set=train_set, from_images=from_images, hard=hard_attention(cfg),
                   epochs=cfg.train.epochs, eval_batch_size=cfg.eval.batch_size,
                   box_targets=box_targets(cfg, model, train_set) if section.grounding_weight > 0 else None)
-    return OBJECTIVES[section.kind](section, needs)
+    return build(section, section, needs, of=Objective)

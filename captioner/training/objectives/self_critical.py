@@ -26,6 +26,7 @@ from captioner.training.rewards import CiderD
 class SelfCritical(Objective):
     """The SCST objective of one run: the reward over the training references and the sampling settings."""
 
+    per_image = True  # it samples its own captions of each image, scored against all its references
     # hard attention reading its arg-max cell trains no scorer without xe_weight's term
     may_leave_parameters_out = True
 
@@ -83,7 +84,8 @@ class SelfCritical(Objective):
 
     def cross_entropy(self, forward: nn.Module, batch: Any) -> torch.Tensor:
         """Teacher-forced cross-entropy of one reference per image, drawn at random (on the CPU RNG, restored
-        on resume), read the way validation decodes (``eval.attention_mode``)."""
+        on resume), read the way validation decodes (``eval.attention_mode``); label-smoothed by
+        ``label_smoothing``."""
         from captioner.data.datasets import pad_batch
 
         indices = batch.indices.tolist()
@@ -92,7 +94,7 @@ class SelfCritical(Objective):
         refs = pad_batch(batch.inputs, picks, indices, pad_id=self.pad_id)
         captions, lengths = refs.captions.to(batch.inputs.device), refs.lengths.to(batch.inputs.device)
         out = forward(refs.inputs, captions, lengths, attention_mode=self.greedy_mode)
-        return sequence_cross_entropy(out, captions[:, 1:])
+        return sequence_cross_entropy(out, captions[:, 1:], self.section.label_smoothing)
 
     @torch.no_grad()
     def greedy_rewards(self, inputs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,15 @@
 """What each training objective's config is: the ``train.objective`` section, one dataclass per objective (torch-free).
 
-``train.objective.kind`` picks the dataclass (``OBJECTIVE_CONFIGS``, at the end of this module), as
+``train.objective.kind`` picks the dataclass (``OBJECTIVES``, the family's table at the end of this module), as
 ``model.decoder.kind`` picks a decoder family's, so a key another objective owns is an unknown key, named with
-the keys this one has. Each dataclass is a leaf: it reads its own fields and nothing else of the config. What it
-needs to know of the model is one fact, whether the attention is hard (``hard``: it has a location policy), which
-the config passes in (``config.hard_attention``).
+the keys this one has. Each dataclass names the class in ``training/objectives/`` it configures once
+(``IMPLEMENTATION``: registration.py, imported only when a run builds it). This module sits on the floor, below
+``config.py`` that reads it, not in ``training/`` above it. Adding an objective: its section here, its module in
+``training/objectives/``, and one line in ``OBJECTIVES``.
+
+Each dataclass is a leaf: it reads its own fields and nothing else of the config. What it needs to know of the
+model is one fact, whether the attention is hard (``hard``: it has a location policy), which the config passes
+in (``config.hard_attention``).
 
 The tables below (``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE``, ``UNIT_INTERVAL``) are checked by
 ``config.validate`` with the config's own; ``check`` adds what they cannot say, ``unread`` names the keys a run
@@ -15,11 +20,18 @@ message starts with the key path (``train.objective.samples: ...``); the config 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from captioner.names import SCST_BASELINES
+from captioner.registration import Family
 
 PREFIX = "train.objective"
+
+
+def check_label_smoothing(value: float) -> None:
+    """ValueError unless 0 <= value < 1 (at 1 the target would be the uniform distribution, whatever the word)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{PREFIX}.label_smoothing: must be in [0, 1), got {value!r}")
 
 
 @dataclass
@@ -27,6 +39,8 @@ class ObjectiveConfig:
     """The ``train.objective`` section of one objective. Subclasses set ``kind``'s default to their key."""
 
     kind: str = ""
+    # the class it configures, "module:Class" (registration.build), a training/objectives Objective
+    IMPLEMENTATION: ClassVar[str] = ""
     # Liu et al. (AAAI 2017)'s strong supervision: weight of the cross-entropy between each boxed word's box map
     # (Flickr30k Entities, data.entities) and its alpha, per supervised word (losses.attention_supervision_loss)
     grounding_weight: float = 0.0
@@ -42,7 +56,7 @@ class ObjectiveConfig:
     def check(self, hard: bool) -> None:
         """ValueError, naming the key, for what the tables cannot say (``hard``: the attention is hard)."""
         if self.HARD is not None and self.HARD != hard:
-            fits = [kind for kind, section in OBJECTIVE_CONFIGS.items() if section.HARD in (hard, None)]
+            fits = [kind for kind, section in OBJECTIVES.items() if section.HARD in (hard, None)]
             kinds = ", ".join(fits) if hard else " or ".join(fits)
             raise ValueError(
                 f"{PREFIX}.kind: {self.kind!r} " + ("trains hard attention's location policy, but "
@@ -53,6 +67,13 @@ class ObjectiveConfig:
     def unread(self, hard: bool) -> dict[str, str]:
         """The keys of this section a run with (or without) hard attention would ignore: key path -> why."""
         return {}
+
+    def check_decoder(self, family: Any) -> None:
+        """ValueError, naming the key, for a setting the decoder family (its ``model.decoder`` section, whose
+        class-level flags say what it has) cannot train with."""
+        if self.grounding_weight > 0 and not family.WORD_ALPHA:
+            raise ValueError(f"{PREFIX}.grounding_weight: the {family.kind} decoder has no per-word alpha to "
+                             "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
 
     def required(self, hard: bool) -> None:
         """ValueError for a setting this run must choose itself and left unset (a run's check, not validate's:
@@ -65,12 +86,54 @@ class CrossEntropyConfig(ObjectiveConfig):
     stochastic penalty."""
 
     kind: str = "xe"
+    IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.cross_entropy:CrossEntropy"
     alpha_c: float = 1.0  # lambda of the doubly stochastic penalty, Eq. (14), per caption as in the paper
     # gamma: weight of alpha's mean normalised entropy (sharpens attention; not in the paper)
     alpha_entropy: float = 0.0
+    # epsilon: label smoothing of the word cross-entropy, target (1 - eps) onehot + eps / V (Szegedy et al. 2016;
+    # ruotianluo's --label_smoothing); 0: none
+    label_smoothing: float = 0.0
+    # scheduled sampling (Bengio et al. 2015), ruotianluo's four numbers: from epoch scheduled_sampling_start
+    # (0-based; -1: off) each input word is, with probability p, the model's own sample from its previous step;
+    # p = min(increase_prob * ((epoch - start) // increase_every), max_prob)
+    scheduled_sampling_start: int = -1
+    scheduled_sampling_increase_every: int = 5
+    scheduled_sampling_increase_prob: float = 0.05
+    scheduled_sampling_max_prob: float = 0.25
 
     HARD: ClassVar[bool | None] = False
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "grounding_weight")
+    POSITIVE: ClassVar[tuple[str, ...]] = ("scheduled_sampling_increase_every",)
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("label_smoothing", "scheduled_sampling_increase_prob",
+                                                "scheduled_sampling_max_prob")
+    SCHEDULE_KEYS: ClassVar[tuple[str, ...]] = ("scheduled_sampling_increase_every", "scheduled_sampling_increase_prob",
+                                                "scheduled_sampling_max_prob")
+
+    def check(self, hard: bool) -> None:
+        super().check(hard)
+        check_label_smoothing(self.label_smoothing)
+        if self.scheduled_sampling_start < -1:
+            raise ValueError(f"{PREFIX}.scheduled_sampling_start: an epoch (0-based), or -1 for none; got "
+                             f"{self.scheduled_sampling_start}")
+
+    def unread(self, hard: bool) -> dict[str, str]:
+        if self.scheduled_sampling_start >= 0:
+            return {}
+        return {f"{PREFIX}.{key}": "scheduled sampling is off (scheduled_sampling_start: -1)"
+                for key in self.SCHEDULE_KEYS}
+
+    def check_decoder(self, family: Any) -> None:
+        super().check_decoder(family)
+        if self.scheduled_sampling_start >= 0 and not family.SCHEDULED_SAMPLING:
+            raise ValueError(f"{PREFIX}.scheduled_sampling_start: the {family.kind} decoder reads every input word "
+                             "at once (it cannot feed its own samples back); use -1")
+
+    def sample_prob(self, epoch: int) -> float:
+        """Scheduled sampling's p in epoch ``epoch`` (0-based; 0 before the start)."""
+        if self.scheduled_sampling_start < 0 or epoch < self.scheduled_sampling_start:
+            return 0.0
+        steps = (epoch - self.scheduled_sampling_start) // self.scheduled_sampling_increase_every
+        return min(self.scheduled_sampling_increase_prob * steps, self.scheduled_sampling_max_prob)
 
 
 @dataclass
@@ -82,7 +145,11 @@ class _LocationPolicyConfig(CrossEntropyConfig):
     expectation_prob: float = 0.5  # per caption, replace the sampled cells by the expectation
 
     HARD: ClassVar[bool | None] = True
-    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("expectation_prob",)
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*CrossEntropyConfig.UNIT_INTERVAL, "expectation_prob")
+
+    def unread(self, hard: bool) -> dict[str, str]:
+        why = "the location policy's reward is each caption's plain log-likelihood of the reference's words"
+        return {f"{PREFIX}.{key}": why for key in ("label_smoothing", "scheduled_sampling_start", *self.SCHEDULE_KEYS)}
 
 
 @dataclass
@@ -90,13 +157,14 @@ class ReinforceConfig(_LocationPolicyConfig):
     """The paper's estimator, Eq. (10)-(12): REINFORCE against a moving-average baseline, with an entropy bonus."""
 
     kind: str = "reinforce"
+    IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.location:Reinforce"
     reinforce_weight: float = 1.0  # lambda_r
     entropy_weight: float = 0.01  # lambda_e
     baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * log p(y | s, a)
 
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
                                                "grounding_weight")
-    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("expectation_prob", "baseline_decay")
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*_LocationPolicyConfig.UNIT_INTERVAL, "baseline_decay")
 
 
 @dataclass
@@ -104,6 +172,7 @@ class LeaveOneOutConfig(_LocationPolicyConfig):
     """K sampled cell paths per caption, each against the mean of the others (Kool et al. 2019)."""
 
     kind: str = "loo"
+    IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.location:LeaveOneOut"
     reinforce_weight: float = 1.0  # lambda_r
     entropy_weight: float = 0.01  # lambda_e
     samples: int = 4  # location paths sampled per caption (K)
@@ -111,7 +180,7 @@ class LeaveOneOutConfig(_LocationPolicyConfig):
 
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
                                                "grounding_weight")
-    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("expectation_prob", "reward_discount")
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*_LocationPolicyConfig.UNIT_INTERVAL, "reward_discount")
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
 
     def check(self, hard: bool) -> None:
@@ -126,6 +195,7 @@ class GumbelConfig(_LocationPolicyConfig):
     its temperature anneals geometrically from ``temperature`` (first epoch) to ``temperature_min`` (last)."""
 
     kind: str = "gumbel"
+    IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.location:Gumbel"
     temperature: float = 1.0  # tau of the relaxed read in the first epoch
     temperature_min: float = 0.5  # tau in the last epoch
 
@@ -147,6 +217,7 @@ class SelfCriticalConfig(ObjectiveConfig):
     """Self-critical sequence training (Rennie et al. 2017) on the CIDEr-D reward, for soft and hard attention."""
 
     kind: str = "scst"
+    IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.self_critical:SelfCritical"
     samples: int = 5  # captions sampled per image (k)
     baseline: str = "mean"  # mean (of the image's other samples; Luo 2020) | greedy (Rennie et al.)
     reward_end: bool = True  # score <end> as a word of the sampled and reference captions
@@ -161,25 +232,30 @@ class SelfCriticalConfig(ObjectiveConfig):
     # be set (0 for none), never inherited from another objective's
     entropy_weight: float = -1.0
     xe_weight: float = 0.0  # a teacher-forced cross-entropy term on one reference per image (Paulus et al. 2018)
+    label_smoothing: float = 0.0  # epsilon of that term's label smoothing (as xe's); 0: none
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"baseline": SCST_BASELINES,
                                                      "attention_mode": ("sample", "argmax")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight", "grounding_weight")
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("label_smoothing",)
 
     def check(self, hard: bool) -> None:
+        check_label_smoothing(self.label_smoothing)
         if self.baseline == "mean" and self.samples < 2:
             raise ValueError(f"{PREFIX}.samples: the 'mean' baseline needs at least 2, got {self.samples}")
         if self.entropy_weight != SelfCriticalConfig.entropy_weight and self.entropy_weight < 0:
             raise ValueError(f"{PREFIX}.entropy_weight: must be >= 0, got {self.entropy_weight!r}")
 
     def unread(self, hard: bool) -> dict[str, str]:
+        unread = {} if self.xe_weight else {
+            f"{PREFIX}.label_smoothing": "it smooths the xe_weight term, which is 0 (SCST's own loss has no target)"}
         if not hard:
-            return {f"{PREFIX}.{key}": "only hard attention has a location policy"
-                    for key in ("attention_mode", "entropy_weight")}
+            return {**unread, **{f"{PREFIX}.{key}": "only hard attention has a location policy"
+                                 for key in ("attention_mode", "entropy_weight")}}
         if self.attention_mode == "argmax":
-            return {f"{PREFIX}.entropy_weight": "argmax reads are not sampled: no location policy to keep exploring"}
-        return {}
+            unread[f"{PREFIX}.entropy_weight"] = "argmax reads are not sampled: no location policy to keep exploring"
+        return unread
 
     def required(self, hard: bool) -> None:
         if hard and self.attention_mode == "sample" and self.entropy_weight == SelfCriticalConfig.entropy_weight:
@@ -193,11 +269,11 @@ class SelfCriticalConfig(ObjectiveConfig):
         return max(self.entropy_weight, 0.0)
 
 
-# train.objective.kind -> its section (the config reads it through the package's objective_config)
-OBJECTIVE_CONFIGS: dict[str, type[ObjectiveConfig]] = {
+# train.objective.kind -> its section: the one registration of each objective
+OBJECTIVES: Family[ObjectiveConfig] = Family("train.objective", "xe", {
     "xe": CrossEntropyConfig,
     "reinforce": ReinforceConfig,
     "loo": LeaveOneOutConfig,
     "gumbel": GumbelConfig,
     "scst": SelfCriticalConfig,
-}
+})
