@@ -38,8 +38,11 @@ GPU_CHECK_OUT ?= runs/gpu-check
 GPU_TEST_FILES := tests/test_gpu.py tests/test_datasets.py tests/test_decode_syncs.py
 gpu-check: $(STAMP)
 	mkdir -p $(GPU_CHECK_OUT)
-	$(VENV)/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: no CUDA device here')"
-	nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $(GPU_CHECK_OUT)/gpu.txt
+	# the driver first: a driver too old for the wheel's CUDA shows here, before torch can only say "no CUDA"
+	nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv | tee $(GPU_CHECK_OUT)/gpu.txt
+	nvidia-smi | grep -o "CUDA Version: [0-9.]*" | tee -a $(GPU_CHECK_OUT)/gpu.txt || true
+	$(VENV)/bin/python -c "import torch; print('torch', torch.__version__, 'built for CUDA', torch.version.cuda)" | tee -a $(GPU_CHECK_OUT)/gpu.txt
+	$(VENV)/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: torch sees no CUDA device (the driver above may be older than the CUDA torch was built for)')"
 	$(VENV)/bin/python -m pytest -q -m gpu --timeout 240 $(GPU_TEST_FILES) 2>&1 | tee $(GPU_CHECK_OUT)/tests.txt; test $${PIPESTATUS[0]} -eq 0
 	$(VENV)/bin/python scripts/bench.py --device cuda --only train,decode --configs R7,F8K --json > $(GPU_CHECK_OUT)/bench.json
 	$(VENV)/bin/python scripts/bench_scale.py --quick --device cuda --json > $(GPU_CHECK_OUT)/bench_scale.json

@@ -153,33 +153,38 @@ class _LocationPolicyConfig(CrossEntropyConfig):
 
 
 @dataclass
-class ReinforceConfig(_LocationPolicyConfig):
+class _ScoreFunctionConfig(_LocationPolicyConfig):
+    """A score-function (REINFORCE) estimator of the location policy: its term's weight and the policy's entropy
+    bonus."""
+
+    kind: str = ""  # no objective of its own
+    reinforce_weight: float = 1.0  # lambda_r
+    entropy_weight: float = 0.01  # lambda_e
+
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
+                                               "grounding_weight")
+
+
+@dataclass
+class ReinforceConfig(_ScoreFunctionConfig):
     """The paper's estimator, Eq. (10)-(12): REINFORCE against a moving-average baseline, with an entropy bonus."""
 
     kind: str = "reinforce"
     IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.location:Reinforce"
-    reinforce_weight: float = 1.0  # lambda_r
-    entropy_weight: float = 0.01  # lambda_e
     baseline_decay: float = 0.9  # b <- decay * b + (1 - decay) * log p(y | s, a)
 
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
-                                               "grounding_weight")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*_LocationPolicyConfig.UNIT_INTERVAL, "baseline_decay")
 
 
 @dataclass
-class LeaveOneOutConfig(_LocationPolicyConfig):
+class LeaveOneOutConfig(_ScoreFunctionConfig):
     """K sampled cell paths per caption, each against the mean of the others (Kool et al. 2019)."""
 
     kind: str = "loo"
     IMPLEMENTATION: ClassVar[str] = "captioner.training.objectives.location:LeaveOneOut"
-    reinforce_weight: float = 1.0  # lambda_r
-    entropy_weight: float = 0.01  # lambda_e
     samples: int = 4  # location paths sampled per caption (K)
     reward_discount: float = 1.0  # delta of the reward to go (1: unbiased)
 
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "reinforce_weight", "entropy_weight",
-                                               "grounding_weight")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*_LocationPolicyConfig.UNIT_INTERVAL, "reward_discount")
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 from pathlib import Path
 
+from bench_options import cpu_name  # scripts/ is on sys.path when a script runs
 from tqdm import tqdm
 
 from captioner.api import load_captioner
@@ -26,14 +25,6 @@ from captioner.data.datasets import load_records
 from captioner.evaluation.diversity import nbest_diversity
 from captioner.evaluation.metrics import caption_scores
 from captioner.evaluation.split import _grid_batches, cached_grids
-
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def decode_nbest(model, records, options, cache, batch_size: int) -> dict[str, list[str]]:
@@ -80,7 +71,7 @@ def main() -> None:
     for lam in args.diversity:
         rows.append(measure(model, records, base.replace_given(beam_groups=args.groups, diversity=lam), cache,
                             batch_size))
-    result = {"model": args.model, "split": args.split, "images": len(records), "cpu": _cpu(), "rows": rows}
+    result = {"model": args.model, "split": args.split, "images": len(records), "cpu": cpu_name(), "rows": rows}
     for row in rows:
         s = row["top_scores"]
         print(f"groups {row['beam_groups']} lambda {row['diversity']}: distinct captions "

@@ -304,3 +304,20 @@ class CaptionDecoder(nn.Module, ABC):
             if not draws.draw(logits, read):
                 break
         return draws.output()
+
+
+class GridAttentionDecoder(CaptionDecoder):
+    """A decoder that reads the grid through one attention module of models/attention.py (``self.attention``):
+    hard, and able to read one cell, as that module is (Show-Attend-Tell's LSTM, Up-Down)."""
+
+    attention: nn.Module
+
+    @property
+    def stochastic(self) -> bool:
+        """True for hard attention: the only kind whose decoding mode matters."""
+        return self.attention.stochastic
+
+    @property
+    def one_cell(self) -> bool:
+        """Soft attention over the raw grid or key-value attention can read one cell per word on request."""
+        return self.attention.one_cell

@@ -18,11 +18,17 @@ import torch
 from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
-from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask, shared_dropout
+from captioner.models.decoders.contract import (
+    DecoderOutput,
+    GridAttentionDecoder,
+    State,
+    caption_mask,
+    shared_dropout,
+)
 from captioner.models.decoders.show_attend_tell_config import GATES
 
 
-class ShowAttendTellDecoder(CaptionDecoder):
+class ShowAttendTellDecoder(GridAttentionDecoder):
     """LSTM caption decoder with soft or hard attention over an annotation grid (B, L, D).
 
     Args:
@@ -66,16 +72,6 @@ class ShowAttendTellDecoder(CaptionDecoder):
         self.dropout = nn.Dropout(dropout)
         self.feature_dropout = nn.Dropout(feature_dropout)
         self.out = nn.Linear(embed_dim, vocab_size)  # L_o
-
-    @property
-    def stochastic(self) -> bool:
-        """True for hard attention: the only kind whose decoding mode matters."""
-        return self.attention.stochastic
-
-    @property
-    def one_cell(self) -> bool:
-        """Soft attention over the raw grid or key-value attention can read one cell per word on request."""
-        return self.attention.one_cell
 
     def init_state(self, grid: Tensor) -> State:
         """(h_0, c_0, *attention memory) for grid (B, L, D): §3.1.2, and the keys projected once per image."""

@@ -19,11 +19,17 @@ import torch
 from torch import Tensor, nn
 
 from captioner.models.attention import AttentionOutput, build_attention
-from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, State, caption_mask, shared_dropout
+from captioner.models.decoders.contract import (
+    DecoderOutput,
+    GridAttentionDecoder,
+    State,
+    caption_mask,
+    shared_dropout,
+)
 from captioner.models.decoders.show_attend_tell import by_step, scheduled_input
 
 
-class UpDownDecoder(CaptionDecoder):
+class UpDownDecoder(GridAttentionDecoder):
     """Args: vocab_size, feature_dim (D of the grid), embed_dim (W_e), hidden_dim (both LSTMs), attention_dim,
     scorer, attention, heads (model.attention's), dropout (before W_p), feature_dropout (on the grid while
     training), pad_id (its embedding stays zero). The state is (h2, c2, h1, c1, mean feature, *attention memory):
@@ -43,14 +49,6 @@ class UpDownDecoder(CaptionDecoder):
         self.dropout = nn.Dropout(dropout)
         self.feature_dropout = nn.Dropout(feature_dropout)
         self.out = nn.Linear(hidden_dim, vocab_size)  # W_p
-
-    @property
-    def stochastic(self) -> bool:
-        return self.attention.stochastic
-
-    @property
-    def one_cell(self) -> bool:
-        return self.attention.one_cell
 
     def init_state(self, grid: Tensor) -> State:
         """(h2, c2, h1, c1, mean_i v_i, *attention memory) for grid (B, L, D), the LSTMs at zero."""
