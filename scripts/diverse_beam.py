@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--split", default="val")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--groups", type=int, default=5)
+    parser.add_argument("--n-best", type=int, default=0, help="captions kept per image (default: --beam)")
     parser.add_argument("--diversity", type=float, nargs="+", default=[0.5])
     parser.add_argument("--max-images", type=int, default=0)
     parser.add_argument("--out", default="")
@@ -66,7 +67,7 @@ def main() -> None:
         records = records[: args.max_images]
     cache = cached_grids(model, records)
     batch_size = model.config.eval.batch_size
-    base = model.decode_options.replace_given(beam=args.beam, n_best=args.beam)
+    base = model.decode_options.replace_given(beam=args.beam, n_best=args.n_best or args.beam)
     rows = [measure(model, records, base, cache, batch_size)]
     for lam in args.diversity:
         rows.append(measure(model, records, base.replace_given(beam_groups=args.groups, diversity=lam), cache,
