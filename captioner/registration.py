@@ -35,10 +35,6 @@ class Family(Generic[S]):
             raise ValueError(f"{self.where}.kind: {kind!r} is not one of {', '.join(self.sections)}")
         return self.sections[kind]
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(self.sections)
-
     def __iter__(self) -> Iterator[str]:
         return iter(self.sections)
 

@@ -24,8 +24,8 @@ class CrossEntropy(Objective):
         return {"ss_prob": self.sample_prob} if self.section.scheduled_sampling_start >= 0 else {}
 
     def loss(self, forward: nn.Module, batch: Any) -> LossOutput:
-        read = {"sample_prob": self.sample_prob} if self.sample_prob else {}
-        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation", **read)
+        out = forward(batch.inputs, batch.captions, batch.lengths, attention_mode="expectation",
+                      sample_prob=self.sample_prob)  # Captioner.forward passes it on only when > 0
         return soft_attention_loss(out, batch.captions[:, 1:], alpha_c=self.section.alpha_c,
                                    alpha_entropy=self.section.alpha_entropy,
                                    label_smoothing=self.section.label_smoothing)
