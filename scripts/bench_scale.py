@@ -57,6 +57,7 @@ from captioner.runtime import keep_freed_memory  # noqa: E402
 
 # The Karpathy split of COCO 2014 (dataset_coco.json): images per split, and captions in all.
 COCO = dict(train=82_783, restval=30_504, val=5_000, test=5_000, captions=616_767)
+COCO_TRAIN_CAPTIONS = 566_747  # train + restval, the captions one COCO epoch steps through
 QUICK = dict(train=1_300, restval=500, val=100, test=100, captions=10_005)  # 2,000 images, COCO's 5.0 per image
 GRID_HW, DIM = (7, 7), 1280  # EfficientNet-Lite0 at 224 (the default encoder)
 BATCH, MAX_LENGTH, MIN_COUNT = 64, 20, 5  # configs/coco_soft.yaml
@@ -230,48 +231,114 @@ def loader_epoch(dataset, workers: int, grids_file: Path) -> dict:
             "main_memory_mb": proc_status(), "worker_memory_mb": worker_memory}
 
 
-def step_rate(vocab, dataset, quick: bool, steps: int, warmup: int, device: str = "cpu") -> dict:
-    """Batches/s of the float32 training step: configs/coco_soft.yaml's model (soft attention), forward +
-    backward + gradient clipping + Adam, on the training loader's batches (median step time) on ``device`` (on CUDA
-    the batch's pinned float16 rows cross inside the timed step, as in training)."""
+COCO_VOCAB = 9_487  # COCO's Karpathy vocabulary at min_count 5: the output layer a quick run's model is given
+STEP_BATCHES = (64, 256)
+
+
+def step_model(vocab, tiny: bool, device: str):
+    """configs/coco_soft.yaml's soft-attention model at its real sizes (``tiny``: hidden 32, for the tests), with
+    COCO's vocabulary size (a quick data set's own is smaller: the padded words are never drawn), its optimizer
+    and its config."""
     from captioner.api import build_model
     from captioner.config import load_config
-    from captioner.training.inputs import epoch_loader
-    from captioner.training.losses import soft_attention_loss
+    from captioner.data.vocab import Vocab
     from captioner.training.optim import build_optimizer
 
     overrides = ["model.encoder.pretrained=false"]  # the encoder is frozen: its weights do not change the step
-    if quick:
+    if tiny:
         overrides += ["model.decoder.embed_dim=32", "model.decoder.hidden_dim=32", "model.attention.attention_dim=32"]
     cfg = load_config(ROOT / "configs" / "coco_soft.yaml", overrides)
+    if len(vocab) < COCO_VOCAB:
+        vocab = Vocab(vocab.words + [f"<pad-word-{i}>" for i in range(COCO_VOCAB - len(vocab))], vocab.min_count)
     torch.manual_seed(0)
     model = build_model(cfg, vocab).to(device).train()
     assert tuple(model.encoder.cache_shape) == (*GRID_HW, DIM), model.encoder.cache_shape  # reads this cache
-    t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(t.optimizer, params, lr=t.lr)
-    loader = epoch_loader(dataset, BATCH, epoch=1, seed=0, rank=0, world=1, shuffle=True, num_workers=0,
+    return model, params, build_optimizer(cfg.train.optimizer, params, lr=cfg.train.lr), cfg
+
+
+def _train_step(model, params, optimizer, cfg, batch, device: str) -> None:
+    """One float32 step as training takes it: the batch crosses to ``device`` (float16 rows widened there),
+    forward, soft-attention loss, backward, clipping, Adam."""
+    from captioner.training.losses import soft_attention_loss
+
+    batch = batch.to(device)
+    out = model(model.grid_from(batch.inputs, images=False), batch.captions, batch.lengths)
+    loss = soft_attention_loss(out, batch.captions[:, 1:], alpha_c=cfg.train.objective.alpha_c,
+                               alpha_entropy=cfg.train.objective.alpha_entropy).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+    optimizer.step()
+
+
+class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen operations that reach the backends (below autograd: the backward's too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(step) -> int:
+    """Operations dispatched by one call of ``step`` (a view or a copy counts as one, as a launch would)."""
+    with _OpCounter() as counter:
+        step()
+    return counter.ops
+
+
+def gpu_busy_share(step, steps: int = 3) -> dict:
+    """On CUDA: the share of the steps' wall time the GPU spent in kernels (their summed durations from
+    torch.profiler, over ``steps`` steps after a synchronise), and the kernels launched per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kernels)  # microseconds; one stream: kernels do not overlap
+    return {"gpu_busy_share": busy_us / wall_us, "kernels_per_step": len(kernels) / steps}
+
+
+def step_rate(vocab, dataset, tiny: bool, steps: int, warmup: int, device: str = "cpu",
+              batch_size: int = BATCH) -> dict:
+    """The float32 training step of configs/coco_soft.yaml's model at ``batch_size``: its rate (median step time
+    over ``steps`` after ``warmup``, on the training loader's batches), the operations it dispatches, the peak
+    memory (CUDA), and on CUDA the share of the step the GPU was busy."""
+    from captioner.training.inputs import epoch_loader
+
+    model, params, optimizer, cfg = step_model(vocab, tiny, device)
+    loader = epoch_loader(dataset, batch_size, epoch=1, seed=0, rank=0, world=1, shuffle=True, num_workers=0,
                           pin_memory=device.startswith("cuda"))
     batches = [b for _, b in zip(range(warmup + steps), loader)]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for i, batch in enumerate(batches):
         _sync(device)
         start = time.perf_counter()
-        batch = batch.to(device)  # float16 rows cross, widened to float32 there
-        out = model(model.grid_from(batch.inputs, images=False), batch.captions, batch.lengths)
-        loss = soft_attention_loss(out, batch.captions[:, 1:], alpha_c=t.objective.alpha_c,
-                                   alpha_entropy=t.objective.alpha_entropy).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        optimizer.step()
+        _train_step(model, params, optimizer, cfg, batch, device)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    return {"batches_per_s": 1.0 / step_s, "step_s": step_s, "steps": steps, "threads": torch.get_num_threads(),
-            "device": device,
-            "vocab": len(vocab), "hidden_dim": cfg.model.decoder.hidden_dim}
+    result = {"batch": batch_size, "batches_per_s": 1.0 / step_s, "step_s": step_s, "steps": steps,
+              "threads": torch.get_num_threads(), "device": device, "vocab": model.decoder.vocab_size,
+              "hidden_dim": cfg.model.decoder.hidden_dim,
+              "ops_per_step": ops_per_step(lambda: _train_step(model, params, optimizer, cfg, batches[0], device)),
+              "gpu_memory_gb": None, "gpu_busy_share": None, "kernels_per_step": None}
+    if device.startswith("cuda"):
+        result["gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        result.update(gpu_busy_share(lambda: _train_step(model, params, optimizer, cfg, batches[-1], device)))
+    return result
 
 
 def _sync(device: str) -> None:
@@ -338,30 +405,44 @@ def rss_runs(folder: Path, quick: bool, batches: int, reads: tuple[str, ...]) ->
 
 
 def project(results: dict) -> dict:
-    """The epoch on this CPU (train captions / min(loader, step) in captions/s) and the workers a GPU needs."""
+    """The epoch on this device (train captions / min(loader, step at batch 64) in captions/s), COCO's epoch at
+    each measured batch from the step alone (from a quick run's data set, a projection), and the workers a GPU
+    needs."""
     captions = results["open"]["train_captions"]
-    step = results["step"]["batches_per_s"]
+    step = results["steps"][str(BATCH)]["batches_per_s"]
     loader = results["loader"]
     per_worker = loader["2"]["per_worker_batches_per_s"]
     epoch = {w: captions / BATCH / min(loader[w]["batches_per_s"], step) / 3600 for w in loader}
+    coco = {b: COCO_TRAIN_CAPTIONS / int(b) / s["batches_per_s"] / 60 for b, s in results["steps"].items()}
     row_bytes = GRID_HW[0] * GRID_HW[1] * DIM * 2  # one float16 grid
     gpu = {str(n): {"workers": math.ceil(n / per_worker), "mb_per_s": n * BATCH * row_bytes / MB}
            for n in (5, 10, 20, 40)}
     two = results["rss"].get("pread", {}).get("2", [])
     return {"epoch_hours_by_workers": epoch, "loader2_over_step": loader["2"]["batches_per_s"] / step,
+            "coco_epoch_minutes_by_batch": coco, "coco_epoch_projected_from_quick_data": results["quick"],
             "loader_epoch_minutes": results["epoch"]["seconds"] / 60,
             "gpu_steps_per_s": gpu, "max_vmhwm_gb_two_processes": max((r["VmHWM"] for r in two), default=0) / 1024}
 
 
+def _step_line(r: dict) -> str:
+    line = (f"training step (float32, batch {r['batch']}, hidden {r['hidden_dim']}, vocabulary {r['vocab']:,}, "
+            f"{r['device']}): {r['batches_per_s']:.2f} batches/s ({r['step_s']:.3f} s/step), "
+            f"{r['ops_per_step']:,} operations dispatched per step")
+    if r["gpu_busy_share"] is not None:
+        line += (f", {r['kernels_per_step']:.0f} kernels, GPU busy {100 * r['gpu_busy_share']:.0f} % of the step, "
+                 f"peak GPU memory {r['gpu_memory_gb']:.2f} GB")
+    return line
+
+
 def format_report(results: dict) -> str:
-    d, c, o, s, p = (results[k] for k in ("dataset", "cache", "open", "step", "projection"))
+    d, c, o, s, p = (results[k] for k in ("dataset", "cache", "open", "steps", "projection"))
     lines = [f"data set: {d['images']:,} images, {d['captions']:,} captions ({d['captions_per_image']:.3f} per image, "
              f"{d['mean_words']:.2f} words), {d['json_mb']:.0f} MB JSON; vocabulary {o['vocab_words']:,} words",
              f"cache: {c['shape']} {c['dtype']}, {c['gb']:.2f} GB ({c['allocated_gb']:.2f} GB allocated), written in "
              f"{c['write_s']:.0f} s ({c['write_mb_per_s']:.0f} MB/s)",
              f"open: train records {o['train_records_s']:.1f} s, val {o['val_records_s']:.1f} s, vocabulary "
              f"{o['vocab_s']:.1f} s, dataset {o['dataset_s']:.1f} s, cache {o['cache_open_s']:.2f} s",
-             f"training step (float32, batch {BATCH}): {s['batches_per_s']:.2f} batches/s ({s['step_s']:.2f} s/step)"]
+             *(_step_line(r) for r in s.values())]
     for w, r in results["loader"].items():
         own = "/".join(f"{m['Private']:.0f}" for m in r["worker_memory_mb"])
         lines.append(f"loader, {w} workers: {r['batches_per_s']:.1f} batches/s ({r['mb_per_s']:.0f} MB/s, first batch "
@@ -379,12 +460,15 @@ def format_report(results: dict) -> str:
                  + f", main process RssAnon {e['main_memory_mb']['RssAnon']:.0f} MB")
     lines.append(f"loader (2 workers) / step: {p['loader2_over_step']:.1f}x; epoch on this CPU: "
                  + ", ".join(f"{h:.2f} h ({w} workers)" for w, h in p["epoch_hours_by_workers"].items()))
+    lines.append(("COCO epoch, step alone" + (" (projected: the step ran on the quick data set)" if results["quick"]
+                  else "") + ": ") + ", ".join(f"{m:.1f} min at batch {b}"
+                                               for b, m in p["coco_epoch_minutes_by_batch"].items()))
     lines.append("a GPU at N steps/s needs: " + ", ".join(
         f"{n}/s -> {g['workers']} workers, {g['mb_per_s']:.0f} MB/s" for n, g in p["gpu_steps_per_s"].items()))
     return "\n".join(lines)
 
 
-def run(folder: Path, quick: bool, log=print, device: str = "cpu") -> dict:
+def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = False) -> dict:
     sizes = QUICK if quick else COCO
     rng = np.random.default_rng(0)
     results: dict = {"quick": quick, "cpu_threads": torch.get_num_threads()}
@@ -402,8 +486,11 @@ def run(folder: Path, quick: bool, log=print, device: str = "cpu") -> dict:
     log("one epoch, 2 workers ...")
     results["epoch"] = loader_epoch(dataset, 2, folder / "cache" / "grids.f16")
     log("training step ...")
-    results["step"] = step_rate(vocab, dataset, quick, steps=2 if quick else 6, warmup=1 if quick else 2,
-                                device=device)
+    results["steps"] = {}
+    for batch in STEP_BATCHES:
+        log(f"training step, batch {batch} ...")
+        results["steps"][str(batch)] = step_rate(vocab, dataset, tiny, steps=2 if tiny else 6,
+                                                 warmup=1 if tiny else 2, device=device, batch_size=batch)
     del dataset, vocab  # the processes below hold their own
     log("one and two processes ...")
     results["rss"] = rss_runs(folder, quick, batches=10 if quick else 300, reads=("pread", "memmap"))
@@ -418,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the data set and the cache")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON to this file")
+    parser.add_argument("--tiny-model", action="store_true",
+                        help="step a hidden-32 model instead of configs/coco_soft.yaml's sizes (the tests)")
     parser.add_argument("--device", default="cpu", help="where the training step runs: cpu (default) or cuda")
     args = parser.parse_args(argv)
     from captioner.runtime import resolve_device
@@ -435,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder)
         return 1
     try:
-        results = run(folder, args.quick, log=lambda m: print(m, file=sys.stderr, flush=True), device=device)
+        results = run(folder, args.quick, log=lambda m: print(m, file=sys.stderr, flush=True), device=device,
+                      tiny=args.tiny_model)
         results["folder"] = str(folder)
     finally:
         if not args.keep:

@@ -26,7 +26,7 @@ def load_bench_scale():
 @pytest.mark.slow
 def test_quick_run_writes_a_readable_data_set_and_reports_positive_rates(tmp_path):
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--dir", str(tmp_path), "--keep", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--tiny-model", "--dir", str(tmp_path), "--keep", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loader (2 workers) / step" in proc.stdout  # the table
@@ -63,7 +63,13 @@ def test_quick_run_writes_a_readable_data_set_and_reports_positive_rates(tmp_pat
         loader = results["loader"][workers]
         assert loader["batches_per_s"] > 0 and loader["first_batch_s"] > 0
         assert len(loader["worker_memory_mb"]) == int(workers)
-    assert results["step"]["batches_per_s"] > 0
+    steps = results["steps"]  # the step at batch 64 and 256, with COCO's vocabulary size
+    assert sorted(steps) == ["256", "64"] and all(s["batch"] == int(b) for b, s in steps.items())
+    for s in steps.values():
+        assert s["batches_per_s"] > 0 and s["vocab"] == 9_487 and s["hidden_dim"] == 32
+        assert s["ops_per_step"] > 100 and s["gpu_busy_share"] is None  # CPU: no GPU figures
+    # the recurrence dispatches per word, not per caption: a 4x larger batch adds few operations
+    assert steps["256"]["ops_per_step"] < 1.5 * steps["64"]["ops_per_step"]
     epoch = results["epoch"]  # one whole epoch with 2 workers: every training caption once
     assert epoch["batches"] == -(-results["open"]["train_captions"] // 64) and epoch["seconds"] > 0
     assert len(epoch["worker_memory_mb"]) == 2 and all(m["Private"] > 0 for m in epoch["worker_memory_mb"])
@@ -73,6 +79,8 @@ def test_quick_run_writes_a_readable_data_set_and_reports_positive_rates(tmp_pat
             assert [r["rank"] for r in ranks] == list(range(int(world)))
             assert all(r["VmHWM"] > 0 and r["RssAnon"] > 0 and r["RssFile"] > 0 for r in ranks)
     projection = results["projection"]
+    assert projection["coco_epoch_projected_from_quick_data"] is True
+    assert all(m > 0 for m in projection["coco_epoch_minutes_by_batch"].values())
     assert projection["loader2_over_step"] > 0 and all(h > 0 for h in projection["epoch_hours_by_workers"].values())
     assert all(g["workers"] >= 1 for g in projection["gpu_steps_per_s"].values())
 
@@ -81,7 +89,7 @@ def test_the_folder_is_deleted_unless_kept(tmp_path, monkeypatch, capsys):
     bench = load_bench_scale()
     seen = []
 
-    def run(folder, quick, log=print, device="cpu"):
+    def run(folder, quick, log=print, device="cpu", tiny=False):
         (folder / "file").write_text("x")
         seen.append(folder)
         return {"quick": quick}
