@@ -161,6 +161,7 @@ class TrainConfig:
     wandb: str = "off"
     num_threads: int = 0  # 0 = torch default
     fast_paths: bool = True  # false: the plain reference code everywhere, slower (captioner/fast)
+    compile: str = "off"  # off | inductor | cudagraphs: the decoder's step compiled (docs/performance.md)
     # also keep each epoch's weights, RUN_DIR/epochs/epoch-NNN.pt: snapshot ensembles and `captioner average`
     keep_epochs: bool = False
     average_last: int = 0  # k > 0: RUN_DIR/averaged.pt, the mean of the last k epochs' weights (needs keep_epochs)
@@ -306,6 +307,10 @@ def unread_keys(cfg: Config) -> dict[str, str]:
                               **cfg.train.objective.unread(hard_attention(cfg))}
     if not cfg.model.encoder.finetune_blocks:
         unread["model.encoder.update_bn_stats"] = "a frozen encoder's batch norms never update (finetune_blocks is 0)"
+    why = (cfg.model.decoder.compile_refusal(cfg.model.attention) or cfg.train.objective.compile_refusal() or (
+        "" if cfg.train.fast_paths and cfg.train.amp == "none" else "needs train.amp none and train.fast_paths true"))
+    if why:  # train.compile where its compiled step (models/decoders/show_attend_tell_compiled.py) would not run
+        unread["train.compile"] = why
     return unread
 
 

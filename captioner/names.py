@@ -53,6 +53,9 @@ VAL_METRICS = ("BLEU-4", "CIDEr-D", "METEOR", "ROUGE-L", "BLEU-1")
 TENSORBOARD_MODES = ("auto", "on", "off")
 # training/losses.py and train.objective.baseline (objective_sections.py): the self-critical baseline
 SCST_BASELINES = ("mean", "greedy")
+# models/decoders/show_attend_tell_compiled.py (TORCH_MODES): train.compile, the decoder's step compiled by
+# torch.compile; off (eager) | inductor (fused kernels, the CPU too) | cudagraphs (one CUDA graph per step, CUDA only)
+COMPILE_MODES = ("off", "inductor", "cudagraphs")
 
 # The allowed values and ranges of the config's settings, keyed by dotted path: config.validate checks them.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -64,6 +67,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.amp": AMP_MODES,
     "train.ddp_backend": DDP_BACKENDS,
     "train.tensorboard": TENSORBOARD_MODES,
+    "train.compile": COMPILE_MODES,
     "train.wandb": WANDB_MODES,
     "train.val_metric": VAL_METRICS,
     "eval.split": SPLITS,

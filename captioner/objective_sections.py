@@ -75,6 +75,11 @@ class ObjectiveConfig:
             raise ValueError(f"{PREFIX}.grounding_weight: the {family.kind} decoder has no per-word alpha to "
                              "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
 
+    def compile_refusal(self) -> str:
+        """Why ``train.compile`` would not run under this objective ('' where it does): the step it compiles is the
+        teacher-forced soft read (models/decoders/show_attend_tell_compiled.py); sampled captions or cells are not."""
+        return f"the {self.kind!r} objective samples what it reads; only the teacher-forced xe read is compiled"
+
     def required(self, hard: bool) -> None:
         """ValueError for a setting this run must choose itself and left unset (a run's check, not validate's:
         a checkpoint saved before the key existed still loads for decoding)."""
@@ -128,6 +133,11 @@ class CrossEntropyConfig(ObjectiveConfig):
             raise ValueError(f"{PREFIX}.scheduled_sampling_start: the {family.kind} decoder reads every input word "
                              "at once (it cannot feed its own samples back); use -1")
 
+    def compile_refusal(self) -> str:
+        if self.scheduled_sampling_start >= 0:
+            return "scheduled sampling feeds the model's own words one step at a time (the eager step)"
+        return ""
+
     def sample_prob(self, epoch: int) -> float:
         """Scheduled sampling's p in epoch ``epoch`` (0-based; 0 before the start)."""
         if self.scheduled_sampling_start < 0 or epoch < self.scheduled_sampling_start:
@@ -146,6 +156,8 @@ class _LocationPolicyConfig(CrossEntropyConfig):
 
     HARD: ClassVar[bool | None] = True
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*CrossEntropyConfig.UNIT_INTERVAL, "expectation_prob")
+
+    compile_refusal = ObjectiveConfig.compile_refusal  # it samples cells (its decoder refuses first: hard attention)
 
     def unread(self, hard: bool) -> dict[str, str]:
         why = "the location policy's reward is each caption's plain log-likelihood of the reference's words"

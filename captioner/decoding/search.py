@@ -270,6 +270,7 @@ def beam_search(
     forbid_ids: Sequence[int] = (),
     min_length: int = 0,
     expand: Callable[[State, int], State] | None = None,
+    static_rows: bool = False,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with ``options.beam`` beams per image; returns B lists of up to `options.n_best`
     hypotheses, best `norm_score` first (ranked by `options.length_penalty`).
@@ -279,7 +280,8 @@ def beam_search(
     image's pool and stays frozen in its slot (its only continuation is itself at +0), so
     a beam of one is exactly greedy. Length normalisation ranks the final hypotheses.
     An image stops once its pool holds `n_best` hypotheses that no live beam can beat in
-    `norm_score` (log-probs <= 0 bound every continuation), and its rows leave the batch.
+    `norm_score` (log-probs <= 0 bound every continuation), and its rows leave the batch (with `static_rows` they
+    stay and run on, unread: a compiled step wants the same rows at every step, models/decoders/contract.py).
     With `options.beam_groups` G > 1 it is diverse beam search: the beams choose in G groups, each
     penalised for the words the groups before it chose at that step (decoding/diverse.py).
     Beams still running after `max_length` calls join the ranking as unfinished; the list
@@ -296,7 +298,7 @@ def beam_search(
     _check_args(batch_size, max_length, min_length)
     _check_state_rows(state, batch_size)
     beams = _Beams(state, batch_size, options.beam, start_id, end_id, options.length_penalty, options.n_best, expand,
-                   max_length, options.block_trigrams, (options.beam_groups, options.diversity))
+                   max_length, options.block_trigrams, (options.beam_groups, options.diversity), static_rows)
     bans = _StepBans(forbid_ids, end_id, min_length)
     for t in range(max_length):
         log_probs, per_word, beams.state = _step(step_fn, beams.tokens, beams.state, beams.rows, ())
@@ -318,8 +320,9 @@ class _Beams:
 
     def __init__(self, state: State, batch_size: int, K: int, start_id: int, end_id: int, length_penalty: float,
                  n_best: int, expand: Callable[[State, int], State] | None, max_length: int,
-                 block_trigrams: bool, diverse: tuple[int, float] = (1, 0.0)) -> None:
+                 block_trigrams: bool, diverse: tuple[int, float] = (1, 0.0), static_rows: bool = False) -> None:
         self.K, self.end_id, self.length_penalty, self.n_best = K, end_id, length_penalty, n_best
+        self.static_rows = static_rows  # retired images keep their rows (prune)
         self.groups, self.diversity = diverse  # diverse beam search's groups and lambda (1: plain beam search)
         self.max_length, self.block_trigrams = max_length, block_trigrams
         self.active = list(range(batch_size))  # original image index of each image still in the batch
@@ -478,10 +481,10 @@ class _Beams:
 
     def prune(self) -> bool:
         """Retire every image whose pool holds n_best hypotheses that no live beam can beat in norm_score
-        (the last step's bounds, _report); False when no image is left."""
-        B = len(self.active)
-        done = [self.host_bound[i] <= (self.pools[b][self.n_best - 1].norm_score
-                                       if len(self.pools[b]) >= self.n_best else -math.inf)
+        (the last step's bounds, _report); False when no image is left. With static_rows a retired image's rows stay
+        in the batch, its result decided (results[b] set: never retired twice)."""
+        done = [self.results[b] is None and self.host_bound[i] <= (self.pools[b][self.n_best - 1].norm_score
+                                                                   if len(self.pools[b]) >= self.n_best else -math.inf)
                 for i, b in enumerate(self.active)]
         if not any(done):
             return True
@@ -491,8 +494,8 @@ class _Beams:
         for i, b in enumerate(self.active):
             if done[i]:
                 self.results[b] = _rank(self.pools[b], unfinished.get(i, []), self.n_best)
-        keep = [i for i in range(B) if not done[i]]
-        if keep:
+        keep = [i for i, b in enumerate(self.active) if self.results[b] is None]
+        if keep and not self.static_rows:
             self._keep_images(keep)
         return bool(keep)
 
@@ -543,12 +546,13 @@ def _rank(pool: list[Hypothesis], unfinished: list[Hypothesis], n_best: int) -> 
 
 def search(step_fn: StepFn, state: State, options: DecodeOptions, *, batch_size: int, start_id: int, end_id: int,
            forbid_ids: Sequence[int] = (), expand: Callable[[State, int], State] | None = None,
-           min_length: int = 0) -> list[list[Hypothesis]]:
+           min_length: int = 0, static_rows: bool = False) -> list[list[Hypothesis]]:
     """Decode B images with ``options`` (decoding/options.py): greedy when one hypothesis of a beam of one is
     asked for, else the beam search. ``forbid_ids`` are token ids never chosen (the caller's <pad> and <start>,
-    and <unk> when ``options.forbid_unk``: the ids are the caller's to name, Captioner.generate)."""
+    and <unk> when ``options.forbid_unk``: the ids are the caller's to name, Captioner.generate). ``static_rows``:
+    every step gets the same rows (greedy search always does; beam search then keeps retired images' rows)."""
     common = dict(batch_size=batch_size, start_id=start_id, end_id=end_id, forbid_ids=tuple(forbid_ids),
                   min_length=min_length)
     if options.beam == 1 and options.n_best == 1:
         return greedy_search(step_fn, state, options, **common)
-    return beam_search(step_fn, state, options, expand=expand, **common)
+    return beam_search(step_fn, state, options, expand=expand, static_rows=static_rows, **common)

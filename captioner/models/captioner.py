@@ -166,4 +166,5 @@ class Captioner(nn.Module):
         # the attention memory at one row per image (expand_state): beam search never copies it.
         forbid = (self.pad_id, self.start_id) + ((self.unk_id,) if options.forbid_unk else ())
         return search(step_fn, state, options, batch_size=grid.size(0), start_id=self.start_id, end_id=self.end_id,
-                      forbid_ids=forbid, expand=self.decoder.expand_state, min_length=min_length)
+                      forbid_ids=forbid, expand=self.decoder.expand_state, min_length=min_length,
+                      static_rows=self.decoder.static_rows)

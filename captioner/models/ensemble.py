@@ -161,6 +161,11 @@ class EnsembleSteps(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("an ensemble only decodes; train (or teacher-force) its members one by one")
 
+    @property
+    def static_rows(self) -> bool:
+        """Whether a member's decoding step wants the same rows at every step (contract.py): then all get them."""
+        return any(m.decoder.static_rows for m in self.members)
+
     def init_state(self, grid: Tensor) -> State:
         """Cached rows (B, l, C) -> one state per member, each from its own prepared grid (B, L, D_m)."""
         return tuple(m.decoder.init_state(m.prepare_rows(grid)) for m in self.members)

@@ -277,6 +277,8 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
 
     seed_everything(t.seed)  # identical initial weights on every rank
     model = build_model(cfg, vocab).to(device)
+    if t.compile != "off":  # the decoder's step compiled (the config refused it where it would not run)
+        model.decoder.compile_steps(t.compile, setting="train.compile")
     from_images = not cfg.data.use_cache
     if init is not None:
         init_weights(cfg, model, init)

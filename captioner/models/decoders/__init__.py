@@ -8,6 +8,7 @@
     show_attend_tell_fast.py     FastShowAttendTellDecoder: its fast path (same state_dict), what "lstm" builds;
                                  its building blocks (deferred gradients, inference caches, C kernels) are
                                  captioner/fast's
+    show_attend_tell_compiled.py StaticSteps: its step compiled by torch.compile over static shapes (train.compile)
     show_attend_tell_config.py   ShowAttendTellConfig: model.decoder for kind lstm (torch-free)
     transformer.py               TransformerDecoder: masked self-attention over words, cross-attention over the grid
     transformer_config.py        TransformerConfig: model.decoder for kind transformer (torch-free)

@@ -17,6 +17,8 @@ the decoder talks to it through these members of ``CaptionDecoder`` and nothing 
         captions drawn with their log-probabilities, differentiable (self-critical training, scst.py).
     stochastic
         True when the decoder samples where it looks (hard attention): the decoding mode then matters.
+    static_rows
+        True when its decoding step wants the same rows at every step (beam search keeps retired images' rows).
     vocab_size, pad_id, attention_kind (the attention whose maps the overlays show, recorded in outputs)
 
 A decoder implements ``forward``, ``init_state`` and ``next_logits`` (one step's raw logits and attention
@@ -225,6 +227,9 @@ class CaptionDecoder(nn.Module, ABC):
     vocab_size: int
     pad_id: int
     attention_kind: str
+    # Whether its decoding step wants the same rows at every step (a compiled step, show_attend_tell_compiled.py):
+    # beam search then keeps a retired image's rows in the batch (search's static_rows)
+    static_rows: bool = False
 
     @property
     def stochastic(self) -> bool:

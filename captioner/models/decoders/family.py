@@ -48,6 +48,11 @@ class DecoderFamilyConfig:
         cannot say (``attention``: the model.attention section, for the keys it reads). Called by
         config.validate after the tables' checks."""
 
+    def compile_refusal(self, attention: Any) -> str:
+        """Why ``train.compile`` would not run for this decoder reading as ``attention`` says ('' where it does):
+        only a family with a compiled step (show_attend_tell_compiled.py) says ''."""
+        return f"the {self.kind} decoder has no compiled step"
+
     def arguments(self, attention: Any) -> dict[str, Any]:
         """The constructor arguments this section and ``attention`` give (the sizes the vocabulary and the
         encoder fix, vocab_size, feature_dim and pad_id, are the builder's)."""

@@ -32,6 +32,12 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"gate": GATES}
 
+    def compile_refusal(self, attention: Any) -> str:
+        """Its compiled step (show_attend_tell_compiled.py) reads softly: hard attention's sampled reads stay eager."""
+        if attention.attention == "hard":
+            return "hard attention samples where it reads; only soft reads are compiled"
+        return ""
+
     def check(self, attention: Any) -> None:
         if attention.attention == "multi_head" and attention.attention_dim % attention.heads:
             raise ValueError(f"model.attention.attention_dim ({attention.attention_dim}) must be divisible by "

@@ -20,6 +20,10 @@ LSTM cell as one fused C kernel (captioner/fast/kernels), hands the search its r
 
 Every public method runs the reference's code instead under the reference switch (captioner/fast);
 tests/test_fast_paths.py compares the two (losses, every parameter's gradient, decoded captions).
+
+Compiled (``compile_steps``, ``train.compile``): teacher forcing and decoding read softly run one step of the
+reference compiled by torch.compile over static shapes instead (show_attend_tell_compiled.py), for GPUs, where the
+many small kernels of a step are launch-bound.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ from captioner.models.decoders.contract import (
     shared_dropout,
 )
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
+from captioner.models.decoders.show_attend_tell_compiled import StaticSteps
 
 
 class ProjectedState(tuple):
@@ -78,6 +83,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     # 2·Z·(4H + E) per beam and word, so it pays when beams x words > L. With captions of about
     # `project_values_words` words and a 1.5x margin: from 4 beams on a 7x7 grid, 15 on a 14x14 one.
     project_values_words = 20
+    # The step compiled over static shapes (show_attend_tell_compiled.py; compile_steps), or None: eager
+    _compiled: StaticSteps | None = None
 
     @property
     def _inference(self) -> InferenceCache:
@@ -86,6 +93,28 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         if cache is None:
             cache = self.__dict__["_inference_cache"] = InferenceCache()
         return cache
+
+    # ------------------------------------------------------------------ the compiled step
+
+    def compile_steps(self, mode: str, setting: str = "compile", backend: str = "inductor") -> None:
+        """From now on teacher forcing and decoding, read softly, run the compiled step (show_attend_tell_compiled.py:
+        ``mode`` "inductor" or "cudagraphs"; "off": eager again). ValueError, naming ``setting`` (the config key it
+        came from), for hard attention and for CUDA graphs off CUDA. ``backend``: torch.compile's (tests)."""
+        if mode == "off":
+            self._compiled = None
+            return
+        if self.stochastic:
+            raise ValueError(f"{setting}={mode}: hard attention samples where it reads; only soft reads are compiled")
+        device = self.embedding.weight.device
+        if mode == "cudagraphs" and device.type != "cuda":
+            raise ValueError(f"{setting}=cudagraphs: CUDA graphs need a CUDA device, the decoder is on {device}; "
+                             "use inductor")
+        self._compiled = StaticSteps(mode, backend)
+
+    @property
+    def static_rows(self) -> bool:
+        """Whether decoding runs the compiled step, which wants the same rows at every step (contract.py)."""
+        return self._compiled is not None and fast.enabled()
 
     # ------------------------------------------------------------------ state for search
 
@@ -108,6 +137,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         """
         if not fast.enabled():
             return super().expand_state(state, beams)
+        if self._compiled is not None:  # raw values: the compiled step reads the plain state
+            return self._compiled.expand(state, beams)
         h, c, *memory = state
         if not self.attention.grouped_queries:
             memory = [m.repeat_interleave(beams, dim=0) for m in memory]  # (B*K, ...)
@@ -240,6 +271,9 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         if not fast.enabled() or sample_prob:
             return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows,
                                    temperature, sample_prob)
+        if (self._compiled is not None and attention_mode == "expectation" and expectation_mask is None
+                and dropout_rows is None):  # the soft read, every caption its own dropout masks: compiled
+            return self._compiled.forward(self, grid, captions, lengths)
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
         B, T = captions.shape
@@ -343,6 +377,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         and hands the search L_o's bias apart (search.Logits adds it as it reads the words)."""
         if not fast.enabled():
             return super().step_with_location(tokens, state, attention_mode, dense)
+        if self._compiled is not None and attention_mode == "expectation" and not torch.is_grad_enabled():
+            return self._compiled.step(self, tokens, state, dense)
         mode = attention_mode  # checked once per decode (Captioner.check_decode_options), not per step
         projected = isinstance(state, ProjectedState)
         h, c, *memory = state
