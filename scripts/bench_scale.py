@@ -235,7 +235,7 @@ COCO_VOCAB = 9_487  # COCO's Karpathy vocabulary at min_count 5: the output laye
 STEP_BATCHES = (64, 256)
 
 
-def step_model(vocab, tiny: bool, device: str):
+def step_model(vocab, tiny: bool, device: str, compile_mode: str = "off"):
     """configs/coco_soft.yaml's soft-attention model at its real sizes (``tiny``: hidden 32, for the tests), with
     COCO's vocabulary size (a quick data set's own is smaller: the padded words are never drawn), its optimizer
     and its config."""
@@ -252,6 +252,8 @@ def step_model(vocab, tiny: bool, device: str):
         vocab = Vocab(vocab.words + [f"<pad-word-{i}>" for i in range(COCO_VOCAB - len(vocab))], vocab.min_count)
     torch.manual_seed(0)
     model = build_model(cfg, vocab).to(device).train()
+    if compile_mode != "off":  # train.compile: the decoder's step compiled over static shapes
+        model.decoder.compile_steps(compile_mode, setting="--compile")
     assert tuple(model.encoder.cache_shape) == (*GRID_HW, DIM), model.encoder.cache_shape  # reads this cache
     params = [p for p in model.parameters() if p.requires_grad]
     return model, params, build_optimizer(cfg.train.optimizer, params, lr=cfg.train.lr), cfg
@@ -303,19 +305,22 @@ def gpu_busy_share(step, steps: int = 3) -> dict:
             step()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = [e for e in events if "LaunchKernel" in e.name or "GraphLaunch" in e.name]  # the CPU's calls
     busy_us = sum(e.device_time for e in kernels)  # microseconds; one stream: kernels do not overlap
-    return {"gpu_busy_share": busy_us / wall_us, "kernels_per_step": len(kernels) / steps}
+    return {"gpu_busy_share": busy_us / wall_us, "kernels_per_step": len(kernels) / steps,
+            "launches_per_step": len(launches) / steps}
 
 
 def step_rate(vocab, dataset, tiny: bool, steps: int, warmup: int, device: str = "cpu",
-              batch_size: int = BATCH) -> dict:
+              batch_size: int = BATCH, compile_mode: str = "off") -> dict:
     """The float32 training step of configs/coco_soft.yaml's model at ``batch_size``: its rate (median step time
     over ``steps`` after ``warmup``, on the training loader's batches), the operations it dispatches, the peak
     memory (CUDA), and on CUDA the share of the step the GPU was busy."""
     from captioner.training.inputs import epoch_loader
 
-    model, params, optimizer, cfg = step_model(vocab, tiny, device)
+    model, params, optimizer, cfg = step_model(vocab, tiny, device, compile_mode)
     loader = epoch_loader(dataset, batch_size, epoch=1, seed=0, rank=0, world=1, shuffle=True, num_workers=0,
                           pin_memory=device.startswith("cuda"))
     batches = [b for _, b in zip(range(warmup + steps), loader)]
@@ -330,11 +335,15 @@ def step_rate(vocab, dataset, tiny: bool, steps: int, warmup: int, device: str =
         if i >= warmup:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    result = {"batch": batch_size, "batches_per_s": 1.0 / step_s, "step_s": step_s, "steps": steps,
+    result = {"batch": batch_size, "compile": compile_mode, "batches_per_s": 1.0 / step_s, "step_s": step_s,
+              "steps": steps,
               "threads": torch.get_num_threads(), "device": device, "vocab": model.decoder.vocab_size,
               "hidden_dim": cfg.model.decoder.hidden_dim,
-              "ops_per_step": ops_per_step(lambda: _train_step(model, params, optimizer, cfg, batches[0], device)),
-              "gpu_memory_gb": None, "gpu_busy_share": None, "kernels_per_step": None}
+              # below autograd, eager only: torch.compile does not run under a dispatch mode (on CUDA compare the
+              # launches per step instead)
+              "ops_per_step": None if compile_mode != "off" else ops_per_step(
+                  lambda: _train_step(model, params, optimizer, cfg, batches[0], device)),
+              "gpu_memory_gb": None, "gpu_busy_share": None, "kernels_per_step": None, "launches_per_step": None}
     if device.startswith("cuda"):
         result["gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
         result.update(gpu_busy_share(lambda: _train_step(model, params, optimizer, cfg, batches[-1], device)))
@@ -425,11 +434,14 @@ def project(results: dict) -> dict:
 
 
 def _step_line(r: dict) -> str:
-    line = (f"training step (float32, batch {r['batch']}, hidden {r['hidden_dim']}, vocabulary {r['vocab']:,}, "
-            f"{r['device']}): {r['batches_per_s']:.2f} batches/s ({r['step_s']:.3f} s/step), "
-            f"{r['ops_per_step']:,} operations dispatched per step")
+    compiled = "" if r["compile"] == "off" else f", compiled: {r['compile']}"
+    line = (f"training step (float32{compiled}, batch {r['batch']}, hidden {r['hidden_dim']}, "
+            f"vocabulary {r['vocab']:,}, "
+            f"{r['device']}): {r['batches_per_s']:.2f} batches/s ({r['step_s']:.3f} s/step)"
+            + (f", {r['ops_per_step']:,} operations dispatched per step" if r["ops_per_step"] is not None else ""))
     if r["gpu_busy_share"] is not None:
-        line += (f", {r['kernels_per_step']:.0f} kernels, GPU busy {100 * r['gpu_busy_share']:.0f} % of the step, "
+        line += (f", {r['launches_per_step']:.0f} launches, {r['kernels_per_step']:.0f} kernels"
+                 f", GPU busy {100 * r['gpu_busy_share']:.0f} % of the step, "
                  f"peak GPU memory {r['gpu_memory_gb']:.2f} GB")
     return line
 
@@ -442,7 +454,8 @@ def format_report(results: dict) -> str:
              f"{c['write_s']:.0f} s ({c['write_mb_per_s']:.0f} MB/s)",
              f"open: train records {o['train_records_s']:.1f} s, val {o['val_records_s']:.1f} s, vocabulary "
              f"{o['vocab_s']:.1f} s, dataset {o['dataset_s']:.1f} s, cache {o['cache_open_s']:.2f} s",
-             *(_step_line(r) for r in s.values())]
+             *(_step_line(r) for r in s.values()),
+             *(_step_line(r) for r in results.get("compiled_steps", {}).values())]
     for w, r in results["loader"].items():
         own = "/".join(f"{m['Private']:.0f}" for m in r["worker_memory_mb"])
         lines.append(f"loader, {w} workers: {r['batches_per_s']:.1f} batches/s ({r['mb_per_s']:.0f} MB/s, first batch "
@@ -468,7 +481,8 @@ def format_report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = False) -> dict:
+def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = False,
+        compile_mode: str = "off") -> dict:
     sizes = QUICK if quick else COCO
     rng = np.random.default_rng(0)
     results: dict = {"quick": quick, "cpu_threads": torch.get_num_threads()}
@@ -486,11 +500,16 @@ def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = 
     log("one epoch, 2 workers ...")
     results["epoch"] = loader_epoch(dataset, 2, folder / "cache" / "grids.f16")
     log("training step ...")
-    results["steps"] = {}
+    results["steps"], results["compiled_steps"] = {}, {}
     for batch in STEP_BATCHES:
         log(f"training step, batch {batch} ...")
         results["steps"][str(batch)] = step_rate(vocab, dataset, tiny, steps=2 if tiny else 6,
                                                  warmup=1 if tiny else 2, device=device, batch_size=batch)
+        if compile_mode != "off":  # the same step with train.compile (its warm-up compiles)
+            log(f"training step, batch {batch}, compiled ({compile_mode}) ...")
+            results["compiled_steps"][str(batch)] = step_rate(vocab, dataset, tiny, steps=2 if tiny else 6,
+                                                              warmup=3, device=device, batch_size=batch,
+                                                              compile_mode=compile_mode)
     del dataset, vocab  # the processes below hold their own
     log("one and two processes ...")
     results["rss"] = rss_runs(folder, quick, batches=10 if quick else 300, reads=("pread", "memmap"))
@@ -507,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON to this file")
     parser.add_argument("--tiny-model", action="store_true",
                         help="step a hidden-32 model instead of configs/coco_soft.yaml's sizes (the tests)")
+    parser.add_argument("--compile", default="off", choices=("off", "inductor", "cudagraphs"),
+                        help="also step with train.compile set to this (on a GPU: cudagraphs), eager against compiled")
     parser.add_argument("--device", default="cpu", help="where the training step runs: cpu (default) or cuda")
     args = parser.parse_args(argv)
     from captioner.runtime import resolve_device
@@ -525,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         results = run(folder, args.quick, log=lambda m: print(m, file=sys.stderr, flush=True), device=device,
-                      tiny=args.tiny_model)
+                      tiny=args.tiny_model, compile_mode=args.compile)
         results["folder"] = str(folder)
     finally:
         if not args.keep:

