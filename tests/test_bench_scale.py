@@ -26,7 +26,8 @@ def load_bench_scale():
 @pytest.mark.slow
 def test_quick_run_writes_a_readable_data_set_and_reports_positive_rates(tmp_path):
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--tiny-model", "--dir", str(tmp_path), "--keep", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--tiny-model", "--dir", str(tmp_path), "--keep",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loader (2 workers) / step" in proc.stdout  # the table
@@ -89,7 +90,7 @@ def test_the_folder_is_deleted_unless_kept(tmp_path, monkeypatch, capsys):
     bench = load_bench_scale()
     seen = []
 
-    def run(folder, quick, log=print, device="cpu", tiny=False):
+    def run(folder, quick, log=print, device="cpu", tiny=False, compile_mode="off"):
         (folder / "file").write_text("x")
         seen.append(folder)
         return {"quick": quick}
