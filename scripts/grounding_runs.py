@@ -150,7 +150,7 @@ LABELS = {
 TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"
 
 
-def _minutes(seconds: float) -> str:
+def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
@@ -172,7 +172,7 @@ def format_report() -> str:
             f"{t['inside']:.3f} ({t['uniform']:.3f}, {t['mean_map']:.3f}) / {100 * t['pointing']:.1f} % "
             f"({100 * t['centre_pointing']:.1f} %) | {100 * r['mirror_follow']:.1f} % / "
             f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | "
-            f"{_minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} + {_minutes(r['evaluate_wall_s'])} |")
+            f"{minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} + {minutes(r['evaluate_wall_s'])} |")
     lines += ["", "By phrase type, own captions: pointing (centre cell) and words", "",
               "| model | " + " | ".join(("people", "animals", "clothing", "body parts", "scene", "vehicles", "other"))
               + " |", "|---" * 8 + "|"]
@@ -188,10 +188,17 @@ def format_report() -> str:
     return "\n".join(lines)
 
 
-def write_report(doc: Path = ROOT / "docs" / "grounding.md") -> None:
+def replace_between(doc: Path, start_marker: str, end_marker: str, body: str) -> None:
+    """Put ``body`` between the two marker lines of ``doc`` (the page's generated part), the rest kept."""
     text = doc.read_text()
-    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
-    doc.write_text(text[:start] + "\n" + format_report() + "\n" + text[end:])
+    if start_marker not in text or end_marker not in text:
+        raise SystemExit(f"{doc}: the markers {start_marker} and {end_marker} are missing")
+    start, end = text.index(start_marker) + len(start_marker), text.index(end_marker)
+    doc.write_text(text[:start] + "\n" + body + "\n" + text[end:])
+
+
+def write_report(doc: Path = ROOT / "docs" / "grounding.md") -> None:
+    replace_between(doc, TABLE_START, TABLE_END, format_report())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,10 +4,13 @@ training resumes from its last.pt.
 
     python scripts/option_runs.py run [--only NAME ...]   # train and evaluate what is not done yet
     python scripts/option_runs.py list                     # the steps and whether each is done
+    python scripts/option_runs.py report                   # docs/training-options.md's run tables from the rows
 
 Every cross-entropy row trains configs/flickr8k_soft.yaml, the shipped recipe's first stage, at its own budget
 (8 epochs, one hour), with one option changed; `xe_control` is the same run without it. Up-Down runs the whole
-shipped soft recipe (XE, SCST, SCST, averaged: configs/flickr8k_updown*.yaml), against the shipped flickr8k_soft.
+shipped soft recipe (XE, SCST, SCST, averaged: configs/flickr8k_updown*.yaml), against the shipped flickr8k_soft
+(docs/grounding/rows/shipped_soft.json, evaluated the same way); `updown_xe` evaluates its cross-entropy stage alone,
+against `xe_control`.
 Each is evaluated with `captioner evaluate --split val --beam 3 --mirror-check --entities
 data/flickr8k/flickr30k_entities --json`; its figures, commands and wall times go to
 docs/training-options/rows/NAME.json. Diverse beam search needs no training: scripts/diverse_beam.py.
@@ -18,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from grounding_runs import ROOT, train_and_evaluate
+from grounding_runs import ROOT, minutes, replace_between, train_and_evaluate
 
 ROWS = ROOT / "docs" / "training-options" / "rows"
 XE = "configs/flickr8k_soft.yaml"
@@ -39,10 +43,59 @@ def steps() -> list[dict]:
         _xe("label_smoothing_0.1", "train.objective.label_smoothing=0.1"),
         _xe("label_smoothing_0.2", "train.objective.label_smoothing=0.2"),
         _xe("scheduled_sampling", *SCHEDULE),
+        {"name": "updown_xe", "model": "runs/flickr8k_updown/best.pt",
+         "train": [["train", "--config", "configs/flickr8k_updown.yaml"]]},
         {"name": "updown", "model": "runs/flickr8k_updown_scst_more/averaged.pt",
          "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
                    for stage in ("", "_scst", "_scst_more")]},
     ]
+
+
+LABELS = {
+    "xe_control": "`xe_control` (no option)",
+    "label_smoothing_0.1": "label smoothing 0.1",
+    "label_smoothing_0.2": "label smoothing 0.2",
+    "scheduled_sampling": "scheduled sampling (from epoch 0, +0.05 per epoch, at most 0.25)",
+    "updown_xe": "Up-Down, `flickr8k_updown.yaml` (the XE stage with `decoder.kind: updown`)",
+}
+RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
+                 "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)"}
+TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
+SHIPPED = ROOT / "docs" / "grounding" / "rows" / "shipped_soft.json"
+
+
+def _row(label: str, r: dict, against: dict | None) -> str:
+    s, g = r["scores"], r["boxes"]["generated"]
+    delta = f" ({s['CIDEr-D'] - against['scores']['CIDEr-D']:+.2f})" if against is not None and r is not against else ""
+    wall = minutes(r["train_wall_s"]) if r.get("train_commands") else "shipped"
+    return (f"| {label} | {s['BLEU-4']:.1f} | {s['METEOR']:.1f} | {s['ROUGE-L']:.1f} | {s['CIDEr-D']:.2f}{delta} | "
+            f"{100 * g['pointing']:.1f} % ({100 * g['centre_pointing']:.1f} %) / {g['inside']:.3f} "
+            f"({g['uniform']:.3f}, {g['mean_map']:.3f}) | {100 * r['mirror_follow']:.1f} % / "
+            f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | {wall} |")
+
+
+def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
+    """The cross-entropy rows (CIDEr-D against `xe_control`), then Up-Down's whole recipe against the shipped soft
+    model, then every row's commands."""
+    head = ["| {} | BLEU-4 | METEOR | ROUGE-L | CIDEr-D | boxes: pointing (centre) / inside (uniform, mean map) "
+            "| mirror α / columns / stay | train wall |", "|---|---|---|---|---|---|---|---|"]
+    control = rows.get("xe_control")
+    lines = [head[0].format("cross-entropy stage"), head[1]]
+    lines += [_row(label, rows[name], control) for name, label in LABELS.items() if name in rows]
+    recipe = {"shipped_soft": shipped, "updown": rows.get("updown")}
+    if recipe["updown"] is not None and shipped is not None:
+        lines += ["", head[0].format("whole recipe"), head[1]]
+        lines += [_row(RECIPE_LABELS[name], r, shipped) for name, r in recipe.items()]
+    lines += ["", "Commands (each row's training, then its evaluation):", ""]
+    for name, r in rows.items():
+        lines.append(f"- `{name}`: " + "; ".join(f"`{c}`" for c in r["train_commands"] + [r["evaluate_command"]]))
+    return "\n".join(lines)
+
+
+def write_report(doc: Path = ROOT / "docs" / "training-options.md") -> None:
+    rows = {step["name"]: r for step in steps() if (r := _read(step["name"])) is not None}
+    shipped = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else None
+    replace_between(doc, TABLE_START, TABLE_END, format_report(rows, shipped))
 
 
 def _read(name: str) -> dict | None:
@@ -61,10 +114,13 @@ def run_step(step: dict, log) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("run", "list"))
+    parser.add_argument("phase", choices=("run", "list", "report"))
     parser.add_argument("--only", nargs="+", default=None, help="step names")
     parser.add_argument("--log", default="runs/options/train.log", help="where the training output goes")
     args = parser.parse_args(argv)
+    if args.phase == "report":
+        write_report()
+        return 0
     if args.phase == "list":
         for step in steps():
             print(f"{step['name']:<22} {'done' if _read(step['name']) else 'to do'}")

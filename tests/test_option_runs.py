@@ -1,0 +1,53 @@
+"""scripts/option_runs.py's report: the rows' figures as docs/training-options.md shows them, and the page's
+generated part replaced between its markers only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # a script, not part of the package
+import option_runs  # noqa: E402
+from grounding_runs import replace_between  # noqa: E402
+
+
+def _row(cider: float, pointing: float, wall: float, trained: bool = True) -> dict:
+    return {"scores": {"BLEU-4": 20.04, "METEOR": 20.38, "ROUGE-L": 45.3, "CIDEr-D": cider},
+            "boxes": {"generated": {"pointing": pointing, "centre_pointing": 0.65, "inside": 0.55, "uniform": 0.372,
+                                    "mean_map": 0.414}},
+            "mirror_follow": 0.976, "columns_mirror": 0.536, "columns_stay": 0.094, "train_wall_s": wall,
+            "train_commands": ["captioner train --config c.yaml"] if trained else [],
+            "evaluate_command": "captioner evaluate --checkpoint m.pt"}
+
+
+def test_each_option_row_states_its_cider_against_the_control_and_its_box_figures():
+    rows = {"xe_control": _row(50.64, 0.563, 2915.0), "label_smoothing_0.1": _row(52.0, 0.60, 2400.0)}
+    text = option_runs.format_report(rows, shipped=None)
+    smoothing = next(line for line in text.splitlines() if line.startswith("| label smoothing 0.1 |"))
+    assert "| 52.00 (+1.36) |" in smoothing
+    assert "| 60.0 % (65.0 %) / 0.550 (0.372, 0.414) |" in smoothing
+    assert smoothing.endswith("| 40 min 0 s |")
+    control = next(line for line in text.splitlines() if line.startswith("| `xe_control`"))
+    assert "| 50.64 |" in control  # the control is not compared with itself
+    assert "whole recipe" not in text  # Up-Down's recipe table waits for its row
+
+
+def test_up_down_is_compared_with_the_shipped_soft_model_once_its_recipe_is_done():
+    rows = {"updown": _row(55.86, 0.70, 9000.0)}
+    text = option_runs.format_report(rows, shipped=_row(57.36, 0.654, 0.0, trained=False))
+    recipe = text.split("whole recipe", 1)[1]
+    assert "| 57.36 | " in recipe and "| shipped |" in recipe
+    assert "| 55.86 (-1.50) |" in recipe
+
+
+def test_the_generated_part_is_replaced_between_the_markers_and_nothing_else(tmp_path):
+    doc = tmp_path / "page.md"
+    doc.write_text("before\n<!-- s -->\nold table\n<!-- e -->\nafter\n")
+    replace_between(doc, "<!-- s -->", "<!-- e -->", "new table")
+    assert doc.read_text() == "before\n<!-- s -->\nnew table\n<!-- e -->\nafter\n"
+    (tmp_path / "bare.md").write_text("no markers\n")
+    with pytest.raises(SystemExit, match="bare.md: the markers"):
+        replace_between(tmp_path / "bare.md", "<!-- s -->", "<!-- e -->", "x")
+    assert (tmp_path / "bare.md").read_text() == "no markers\n"
