@@ -1,7 +1,7 @@
 """Caption decoders: the contract every decoder meets, and the registered families.
 
     contract.py                  CaptionDecoder (what search, SCST, the losses and the overlays use), DecoderOutput,
-                                 SampleOutput, caption_mask, SampleDraws
+                                 SampleOutput, caption_mask, SampleDraws, SortedBatch (the fast forwards' order)
     family.py                    DecoderFamilyConfig: what a family's config is (torch-free)
     show_attend_tell.py          ShowAttendTellDecoder: Xu et al. 2015's LSTM decoder, Eq. (1)-(7), plain PyTorch
                                  (the reference)
@@ -13,6 +13,8 @@
     transformer.py               TransformerDecoder: masked self-attention over words, cross-attention over the grid
     transformer_config.py        TransformerConfig: model.decoder for kind transformer (torch-free)
     updown.py                    UpDownDecoder: Anderson et al. 2018's attention LSTM and language LSTM over the grid
+                                 (the reference)
+    updown_fast.py               FastUpDownDecoder: its fast path (same state_dict), what "updown" builds
     updown_config.py             UpDownConfig: model.decoder for kind updown (torch-free)
     registry.py                  build_decoder: the class a section names, built at the vocabulary's and grid's sizes
 

@@ -105,6 +105,62 @@ class DecoderOutput:
                    log_probs=None if log_probs is None else log_probs * real,
                    entropies=None if entropies is None else entropies * real)
 
+    @classmethod
+    def from_packed(cls, features: Tensor, out: nn.Linear, batch: "SortedBatch", mask: Tensor,
+                    reads: list[AttentionOutput]) -> "DecoderOutput":
+        """The output of a forward over a SortedBatch: features (R, E) packed in its order, the reads of its
+        steps (n_t rows each), mask (B, T-1)."""
+        bias = out.bias
+        return cls(packed_features=features, output_weight=out.weight.view_as(out.weight),
+                   output_bias=None if bias is None else bias.view_as(bias), rows=batch.dest,
+                   alphas=batch.scatter([r.alpha for r in reads]),
+                   log_probs=batch.scatter([r.log_prob for r in reads if r.log_prob is not None]),
+                   entropies=batch.scatter([r.entropy for r in reads if r.entropy is not None]), mask=mask)
+
+
+@dataclass
+class SortedBatch:
+    """Teacher forcing over captions sorted by length, longest first, so that the captions still running at step
+    t are a prefix of the rows (``active[t]`` of them) and the recurrence can shrink to them; per-step results
+    stay packed, time-major, running captions only (the fast decoders' forward).
+
+    order: (B,) the sorted rows' original indices. steps: (B,) words each sorted caption predicts.
+    active: T-1 counts of running captions, one per step. dest: (R,) the flat index b * (T-1) + t, in the
+    unsorted (B, T-1) layout, of every packed row."""
+
+    order: Tensor
+    steps: Tensor
+    active: list[int]
+    dest: Tensor
+
+    @classmethod
+    def of(cls, lengths: Tensor, T: int) -> "SortedBatch":
+        """Captions (B, T) with lengths (B,) (<start> and <end> included)."""
+        steps = lengths - 1  # (B,) words to predict per caption
+        order = torch.argsort(steps, descending=True, stable=True)  # (B,)
+        steps_s = steps.index_select(0, order)
+        live = steps_s.unsqueeze(1) > torch.arange(T - 1, device=steps.device)  # (B, T-1) sorted rows
+        dest = order.unsqueeze(1) * (T - 1) + torch.arange(T - 1, device=order.device)  # (B, T-1) sorted rows
+        return cls(order=order, steps=steps_s, active=live.sum(0).tolist(), dest=dest.t()[live.t()])
+
+    def scatter(self, seq: list[Tensor]) -> Tensor | None:
+        """Per-step packed results (time-major, n_t rows each) -> (B, T-1, *), zeros at padded steps; None
+        for no steps."""
+        if not seq:
+            return None
+        packed = torch.cat(seq, dim=0)  # (R, *)
+        B, S = self.order.shape[0], len(self.active)
+        out = packed.new_zeros(B * S, *packed.shape[1:]).index_copy(0, self.dest, packed)
+        return out.view(B, S, *packed.shape[1:])
+
+    def step_rows(self, dropout_rows: Tensor | None) -> Tensor | None:
+        """The dropout rows (shared_dropout) of every packed (caption, step) row: copies of a caption (equal
+        ``dropout_rows`` (B,)) share one mask per step."""
+        if dropout_rows is None:
+            return None
+        S = len(self.active)
+        return dropout_rows.to(self.dest.device).index_select(0, self.dest // S) * S + self.dest % S
+
 
 def shared_dropout(layer: nn.Dropout, x: Tensor, rows: Tensor | None) -> Tensor:
     """``layer(x)`` for x (N, *), with one mask per value of rows (N,) long (rows of equal value share it);

@@ -43,6 +43,7 @@ from captioner.models.decoders.contract import (
     DecoderOutput,
     SampleDraws,
     SampleOutput,
+    SortedBatch,
     State,
     caption_mask,
     shared_dropout,
@@ -276,14 +277,10 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             return self._compiled.forward(self, grid, captions, lengths)
         mode = self._mode(attention_mode)
         mask = caption_mask(captions, lengths)  # (B, T-1)
-        B, T = captions.shape
-        steps = lengths.to(captions.device) - 1  # (B,) words to predict per caption
         emb = self.embedding(captions[:, :-1])  # (B, T-1, E): all inputs at once
-        # Sort by length (longest first) so that at step t the active captions are a prefix.
-        order = torch.argsort(steps, descending=True, stable=True)  # (B,)
-        steps_s = steps.index_select(0, order)
-        # (T-1,) active rows per step
-        active = (steps_s.unsqueeze(0) > torch.arange(T - 1, device=steps.device).unsqueeze(1)).sum(1).tolist()
+        # Sorted by length (longest first) so that at step t the active captions are a prefix.
+        batch = SortedBatch.of(lengths.to(captions.device), captions.shape[1])
+        order, active = batch.order, batch.active
         rows_s = None if dropout_rows is None else dropout_rows.index_select(0, order)
         grid_s = shared_dropout(self.feature_dropout, grid.index_select(0, order), rows_s)  # identity in eval mode
         weights = self._step_weights()
@@ -295,32 +292,12 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         hs, zs, reads = self._sorted_steps(word_gates, self.init_state(grid_s), active, mode, weights, mask_s,
                                            temperature)
 
-        # Destination row (in the un-sorted (B*(T-1)) layout) of every packed row, time-major.
-        dest = order.unsqueeze(1) * (T - 1) + torch.arange(T - 1, device=order.device)  # (B, T-1) sorted rows
-        live = steps_s.unsqueeze(1) > torch.arange(T - 1, device=order.device)  # (B, T-1) sorted rows
-        dest = dest.t()[live.t()]  # (sum of steps,) in the packed order
-
-        def scatter(seq: list[Tensor]) -> Tensor | None:
-            if not seq:
-                return None
-            packed = torch.cat(seq, dim=0)  # (sum of steps, *)
-            out = packed.new_zeros(B * (T - 1), *packed.shape[1:]).index_copy(0, dest, packed)
-            return out.view(B, T - 1, *packed.shape[1:])  # (B, T-1, *), zeros at padded steps
-
         # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
         # runs in the loss, fused with the cross-entropy (DecoderOutput.output_weight).
-        emb_packed = emb.reshape(B * (T - 1), -1).index_select(0, dest)  # (R, E)
-        step_rows = None  # dropout_rows of every packed (caption, step) row: copies share a mask per step
-        if dropout_rows is not None:
-            step_rows = dropout_rows.to(dest.device).index_select(0, dest // (T - 1)) * (T - 1) + dest % (T - 1)
-        features = self._deep_features_fast(emb_packed, torch.cat(hs), torch.cat(zs), dropout_rows=step_rows)  # (R, E)
-        bias = self.out.bias
-        return DecoderOutput(
-            packed_features=features, output_weight=self.out.weight.view_as(self.out.weight),
-            output_bias=None if bias is None else bias.view_as(bias), rows=dest,
-            alphas=scatter([r.alpha for r in reads]),
-            log_probs=scatter([r.log_prob for r in reads if r.log_prob is not None]),
-            entropies=scatter([r.entropy for r in reads if r.entropy is not None]), mask=mask)
+        emb_packed = emb.reshape(-1, emb.shape[2]).index_select(0, batch.dest)  # (R, E)
+        features = self._deep_features_fast(emb_packed, torch.cat(hs), torch.cat(zs),
+                                            dropout_rows=batch.step_rows(dropout_rows))  # (R, E)
+        return DecoderOutput.from_packed(features, self.out, batch, mask, reads)
 
     def _sorted_steps(self, word_gates: Tensor, state: State, active: list[int], mode: str, weights: _LoopWeights,
                       expectation_mask: Tensor | None, temperature: float = 1.0

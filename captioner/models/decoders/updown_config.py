@@ -16,7 +16,7 @@ class UpDownConfig(DecoderFamilyConfig):
     the Show-Attend-Tell decoder does."""
 
     kind: str = "updown"
-    IMPLEMENTATION: ClassVar[str] = "captioner.models.decoders.updown:UpDownDecoder"
+    IMPLEMENTATION: ClassVar[str] = "captioner.models.decoders.updown_fast:FastUpDownDecoder"
     embed_dim: int = 512  # the word embedding W_e
     hidden_dim: int = 512  # each LSTM's size
     dropout: float = 0.5  # on the language LSTM's output before the output layer
