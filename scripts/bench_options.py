@@ -1,6 +1,7 @@
 """What the training options of issue 55 cost per training step (docs/training-options.md): the Show-Attend-Tell
 decoder's cross-entropy step (forward, backward, Adam) at Flickr8k's shape, plain, with label smoothing (the fused
-loss), with scheduled sampling (the plain step-by-step forward), and the Up-Down decoder's step.
+loss), with scheduled sampling (the plain step-by-step forward), and the Up-Down decoder's step, fast
+(updown_fast.py, what `kind: updown` builds) and as its reference class (updown.py) runs it.
 
     python scripts/bench_options.py [--rounds 8] [--json]
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from captioner.config import AttentionConfig  # noqa: E402
 from captioner.models.decoders import DECODERS  # noqa: E402
 from captioner.models.decoders.registry import build_decoder  # noqa: E402
+from captioner.models.decoders.updown import UpDownDecoder  # noqa: E402
 from captioner.training.losses import soft_attention_loss  # noqa: E402
 
 B, L, D, T, V = 64, 49, 1280, 14, 2600
@@ -52,9 +54,13 @@ def matmul_gflops(n: int = 5) -> float:
     return 2 * 512 * 2048 * 2048 / statistics.median(times) / 1e9
 
 
-def variant(kind: str, smoothing: float = 0.0, sample_prob: float = 0.0):
+def variant(kind: str, smoothing: float = 0.0, sample_prob: float = 0.0, as_class: type | None = None):
+    """One training step's timer; ``as_class``: the built decoder run by that class of its family (the
+    reference, whose state it shares)."""
     torch.manual_seed(0)
     decoder = build_decoder(DECODERS.section(kind)(), AttentionConfig(), vocab_size=V, feature_dim=D).train()
+    if as_class is not None:
+        decoder.__class__ = as_class
     optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(1)
     grid = torch.randn(B, L, D, generator=g)
@@ -79,6 +85,7 @@ VARIANTS = {
     "label_smoothing_0.1": lambda: variant("lstm", smoothing=0.1),
     "scheduled_sampling_0.25": lambda: variant("lstm", sample_prob=0.25),
     "updown": lambda: variant("updown"),
+    "updown_reference": lambda: variant("updown", as_class=UpDownDecoder),
 }
 
 
