@@ -124,12 +124,10 @@ class SortedBatch:
     t are a prefix of the rows (``active[t]`` of them) and the recurrence can shrink to them; per-step results
     stay packed, time-major, running captions only (the fast decoders' forward).
 
-    order: (B,) the sorted rows' original indices. steps: (B,) words each sorted caption predicts.
-    active: T-1 counts of running captions, one per step. dest: (R,) the flat index b * (T-1) + t, in the
-    unsorted (B, T-1) layout, of every packed row."""
+    order: (B,) the sorted rows' original indices. active: T-1 counts of running captions, one per step.
+    dest: (R,) the flat index b * (T-1) + t, in the unsorted (B, T-1) layout, of every packed row."""
 
     order: Tensor
-    steps: Tensor
     active: list[int]
     dest: Tensor
 
@@ -141,7 +139,7 @@ class SortedBatch:
         steps_s = steps.index_select(0, order)
         live = steps_s.unsqueeze(1) > torch.arange(T - 1, device=steps.device)  # (B, T-1) sorted rows
         dest = order.unsqueeze(1) * (T - 1) + torch.arange(T - 1, device=order.device)  # (B, T-1) sorted rows
-        return cls(order=order, steps=steps_s, active=live.sum(0).tolist(), dest=dest.t()[live.t()])
+        return cls(order=order, active=live.sum(0).tolist(), dest=dest.t()[live.t()])
 
     def scatter(self, seq: list[Tensor]) -> Tensor | None:
         """Per-step packed results (time-major, n_t rows each) -> (B, T-1, *), zeros at padded steps; None
