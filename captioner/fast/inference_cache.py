@@ -51,3 +51,12 @@ class InferenceCache:
         if entry is None or entry[0] != key:
             entry = self._entries[name] = (key, build())
         return entry[1]
+
+
+def module_cache(module: Any) -> InferenceCache:
+    """``module``'s InferenceCache (weights restacked for decoding steps, not in its state_dict), made at first
+    use."""
+    cache = module.__dict__.get("_inference_cache")
+    if cache is None:
+        cache = module.__dict__["_inference_cache"] = InferenceCache()
+    return cache

@@ -37,7 +37,7 @@ from captioner import fast
 from captioner.decoding.search import Logits
 from captioner.fast import kernels
 from captioner.fast.deferred import SharedRows, StepWeight, step_weights
-from captioner.fast.inference_cache import InferenceCache, column_major
+from captioner.fast.inference_cache import InferenceCache, column_major, module_cache
 from captioner.models.attention import AttentionOutput, SoftAttention
 from captioner.models.decoders.contract import (
     DecoderOutput,
@@ -90,10 +90,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
     @property
     def _inference(self) -> InferenceCache:
         """Weights restacked for decoding steps (not in the state_dict), made at the first decoding step."""
-        cache = self.__dict__.get("_inference_cache")
-        if cache is None:
-            cache = self.__dict__["_inference_cache"] = InferenceCache()
-        return cache
+        return module_cache(self)
 
     # ------------------------------------------------------------------ the compiled step
 

@@ -6,7 +6,8 @@ function, tests/test_fast_paths.py holding the two equal.
   mean feature's gates are read through shrinking row prefixes (fast/deferred.SharedRows).
 - The word's share of the attention LSTM's gates is one matmul for every step at once; each step then has one
   matmul per LSTM: the attention LSTM's on [h2; h1], the language LSTM's on [context; h1; h2].
-- Without autograd (decoding), the LSTM cells run as one fused pass (fast/kernels).
+- Without autograd (decoding), the stacked weights are built once per set of weights and the LSTM cells run as
+  one fused pass (fast/kernels).
 
 Under the reference switch (captioner/fast), and for scheduled sampling (whose input words are known one step at
 a time), every method runs updown.py's code instead.
@@ -22,6 +23,7 @@ from torch import Tensor
 from captioner import fast
 from captioner.fast import kernels
 from captioner.fast.deferred import SharedRows
+from captioner.fast.inference_cache import module_cache
 from captioner.models.attention import AttentionOutput
 from captioner.models.decoders.contract import DecoderOutput, SortedBatch, State, caption_mask, shared_dropout
 from captioner.models.decoders.updown import UpDownDecoder, lstm_step
@@ -42,6 +44,12 @@ class FastUpDownDecoder(UpDownDecoder):
     """UpDownDecoder (updown.py) with the fast forward and step of the module docstring."""
 
     def _step_weights(self) -> _StepWeights:
+        """Built per sequence with autograd; without it (decoding steps) once per set of weights."""
+        if torch.is_grad_enabled():
+            return self._build_step_weights()
+        return module_cache(self).get("step_weights", list(self.parameters()), self._build_step_weights)
+
+    def _build_step_weights(self) -> _StepWeights:
         att, lang = self.attention_lstm, self.language_lstm
         from_h2, _, from_word = self.attention_lstm_inputs()
         return _StepWeights(word=from_word, word_bias=att.bias_ih + att.bias_hh,
@@ -64,8 +72,10 @@ class FastUpDownDecoder(UpDownDecoder):
 
     def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None,
               temperature: float = 1.0) -> tuple[State, AttentionOutput]:
-        """updown.UpDownDecoder.recur: one step (decoding, sampling), one matmul per LSTM."""
-        if not fast.enabled():
+        """updown.UpDownDecoder.recur: one step. Without autograd (decoding) one matmul per LSTM with the stacked
+        weights built once per set of weights; with it (SCST's samples, scheduled sampling) the reference's step,
+        which reads the weights in place instead of stacking them again at every step."""
+        if not fast.enabled() or torch.is_grad_enabled():
             return super().recur(emb, state, mode, expectation_mask, temperature)
         h2, c2, h1, c1, mean_gates, *memory = state
         weights = self._step_weights()
