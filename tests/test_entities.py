@@ -3,11 +3,15 @@ figures (evaluation/grounding.py) against hand computations on a crafted photo w
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 from captioner.data.entities import (
     box_fractions,
+    clip_boxes,
     entity_id,
     lemma,
     parse_sentence,
@@ -99,8 +103,20 @@ def test_one_file_without_the_other_and_a_wrong_folder_are_refused(tmp_path):
         read_entities(tmp_path / "nowhere", ["3"])
 
 
-def test_entity_ids_and_lemmas():
-    assert entity_id("1000268201_693b08cb0e") == "1000268201" and entity_id("99_a#mirror") == "99"
+@pytest.mark.parametrize("image_id, photo", [
+    ("1000268201_693b08cb0e", "1000268201"),  # Flickr8k's stem (karpathy, flickr8k formats)
+    ("1000268201_693b08cb0e.jpg", "1000268201"),  # a file name
+    ("images/1000268201_693b08cb0e.jpg", "1000268201"),  # data.format captions: the path under data.root
+    ("1000092795.jpg", "1000092795"),  # Flickr30k's own file names have no secret
+    ("1000268201", "1000268201"),
+    ("99_a#mirror", "99"),  # data.mirror's training copy
+    ("images/99_a.jpg#mirror", "99"),
+])
+def test_entity_ids_are_file_stems_up_to_the_first_underscore(image_id, photo):
+    assert entity_id(image_id) == photo
+
+
+def test_lemmas():
     assert [lemma(w) for w in ("dogs", "men", "puppies", "boxes", "dress", "jeans", "bus", "dog", "Women")] == [
         "dog", "man", "puppy", "box", "dress", "jeans", "bus", "dog", "woman"]
 
@@ -211,3 +227,108 @@ def test_overlays_draw_each_words_boxes_and_its_share_inside(photo_folder):
     assert dashed[1][0].get_width() == pytest.approx(50) and dashed[1][0].get_height() == pytest.approx(100)
     with pytest.raises(ValueError, match="boxes has 1 entries but there are 4 words"):
         overlay_attention(Image.new("RGB", (100, 100)), words, alphas, (2, 2), boxes=[None])
+
+
+# --------------------------------------------------------------------------- the cut at data.max_length
+
+
+def _read_as_encoded(n_read: int, rows: int = 7) -> np.ndarray:
+    """The maps the model gives a reference encoded with ``n_read`` of its words: row t predicts token t, then the
+    <end> step's row and padding rows up to the batch's longest, all on cell 0 (in both boxes)."""
+    after = np.tile([1.0, 0.0, 0.0, 0.0], (rows - n_read, 1))
+    return np.concatenate([TF_ALPHAS[:n_read], after])
+
+
+@pytest.mark.parametrize("max_length, scored", [(None, ["man", "cat"]), (5, ["man", "cat"]), (4, ["man"]),
+                                                 (3, ["man"]), (1, [])])
+def test_teacher_forced_scores_only_the_words_read_each_with_its_own_steps_map(photo_folder, max_length, scored):
+    # SENTENCE's tokens: a man holds a cat; "man" (index 1) is inside .8 of its own map, "cat" (index 4) .1
+    entities = read_entities(photo_folder, ["100_a"])
+    g = BoxGrounding(entities, (2, 2))
+    n_read = 5 if max_length is None else min(5, max_length)
+    g.add_teacher_forced(entities.get("100_a"), 0, _read_as_encoded(n_read), max_length=max_length)
+    f = g.figures()["teacher_forced"]
+    own = {"man": 0.8, "cat": 0.1}  # were "cat" read with the <end> step's map (cut at 4), it would be 1.0
+    fractions = {"man": [1, 0, 1, 0], "cat": [1, 0, 0, 0]}
+    assert f["words"] == len(scored) and f["photos"] == (1 if scored else 0)
+    if scored:
+        assert f["inside"] == pytest.approx(np.mean([own[w] for w in scored]))
+        mean_map = TF_ALPHAS[:n_read].mean(0)  # over the words read, not the <end> and padding rows
+        assert f["mean_map"] == pytest.approx(np.mean([mean_map @ fractions[w] for w in scored]))
+
+
+class _StepsReader:
+    """What split.box_grounding needs of a model: each step's map is cell 0 (in both boxes) where the step predicts
+    <end> or padding, else cell 3 (in neither): a word scored with another step's map shows as inside 1."""
+
+    def __init__(self, vocab, max_length: int) -> None:
+        self.vocab, self.grid_hw, self.device = vocab, (2, 2), torch.device("cpu")
+        self.decoder = object()
+        self.config = SimpleNamespace(data=SimpleNamespace(max_length=max_length))
+
+    def grid_from(self, inputs, images):
+        return inputs
+
+    def __call__(self, grid, captions, lengths, attention_mode):
+        predicted = captions[:, 1:]  # (N, T-1): row t predicts token t + 1 of the encoded caption
+        word = (predicted != self.vocab.end_id) & (predicted != self.vocab.pad_id)
+        cells = torch.where(word, 3, 0)
+        return SimpleNamespace(alphas=torch.nn.functional.one_hot(cells, 4).float())  # (N, T-1, L)
+
+
+def test_evaluate_reads_references_past_the_cut_without_scoring_them(photo_folder):
+    from captioner.data.vocab import Vocab
+    from captioner.decoding.options import DecodeOptions
+    from captioner.evaluation.split import box_grounding
+
+    entities = read_entities(photo_folder, ["100_a"])
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "man", "holds", "cat", "the", "and", "room"])
+
+    class Cache:
+        def get_batch(self, ids):
+            return np.zeros((len(ids), 4, 2), dtype=np.float16)
+
+    def figures(max_length):
+        return box_grounding(_StepsReader(vocab, max_length), [SimpleNamespace(image_id="100_a")], {},
+                             DecodeOptions(), entities, batch_size=4, cache=Cache())["teacher_forced"]
+
+    # the references: "a man holds a cat" (man at 1, cat at 4) and "the cat and the room" (cat at 1)
+    assert figures(20)["words"] == 3 and figures(20)["inside"] == 0.0  # every word its own map, on cell 3
+    cut = figures(4)  # "cat" at index 4 lies past the cut: not read, not scored
+    assert cut["words"] == 2 and cut["inside"] == 0.0
+
+
+# --------------------------------------------------------------------------- boxes that clip to nothing
+
+
+def test_clipping_keeps_the_part_inside_the_photo_and_drops_boxes_left_without_area():
+    assert clip_boxes([(-0.2, 0.1, 0.5, 1.3), (1.0, 0.0, 1.3, 0.5), (0.2, 0.2, 0.2, 0.9), (2, 2, 3, 3)]) == [
+        (0.0, 0.1, 0.5, 1.0)]
+    assert clip_boxes([]) == []
+
+
+def test_a_phrase_whose_boxes_all_clip_to_nothing_counts_in_no_setting(tmp_path):
+    from captioner.data.vocab import Vocab
+    from captioner.evaluation.grounding import word_boxes
+    from captioner.training.objectives.base import BoxTargets
+
+    # a 100x100 photo whose XML puts the cat's boxes past its right edge (x from 101) and wholly outside it
+    write_photo(tmp_path, "200", [SENTENCE], (100, 100),
+                {"1": [(1, 1, 50, 100)], "2": [(101, 1, 150, 50), (120, 120, 130, 130)]})
+    entities = read_entities(tmp_path, ["200_a"])
+    photo = entities.get("200_a")
+    man, cat = photo.sentences[0].phrases
+    assert photo.phrase_boxes(man) == [(0.0, 0.0, 0.5, 1.0)] and photo.phrase_boxes(cat) == []
+
+    teacher_forced = BoxGrounding(entities, (2, 2))
+    teacher_forced.add_teacher_forced(photo, 0, TF_ALPHAS)
+    generated = BoxGrounding(entities, (2, 2))
+    generated.add_generated("200_a", ["a", "man", "holds", "a", "cat"], TF_ALPHAS)
+    for g in (teacher_forced.figures()["teacher_forced"], generated.figures()["generated"]):
+        assert g["words"] == 1 and set(g["by_type"]) == {"people"} and g["inside"] == pytest.approx(0.8)
+
+    vocab = Vocab(["<pad>", "<start>", "<end>", "<unk>", "a", "man", "holds", "cat"])
+    targets = BoxTargets([SimpleNamespace(image_id="200_a", mirrored=False)], entities, vocab, (2, 2))
+    _, hit = targets.lookup(torch.tensor([0]), torch.tensor([[vocab.id("man"), vocab.id("cat")]]))
+    assert hit.tolist() == [[True, False]]  # supervised attention: the man's map only
+    assert word_boxes(photo, ["man", "cat"])[1] is None  # and the overlays draw no box for the cat

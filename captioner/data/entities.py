@@ -10,7 +10,9 @@ The published format, per photo ``<id>`` (the Flickr file name up to its first `
 
 v1.0 numbers the chains per photo, later releases globally; a chain is looked up within its photo, so both read
 the same way. Boxes are normalised by the size the XML records, to [0, 1]: the encoder squashes the whole photo to
-a square, so the same normalised box fits a 224x224 copy and the full-size photo alike.
+a square, so the same normalised box fits a 224x224 copy and the full-size photo alike. ``clip_boxes`` clips them
+to the photo and drops those left without area, for every reader alike: a phrase whose boxes all clip to nothing
+is boxed nowhere.
 
 ``read_entities`` reads the photos of a split (those without files are counted, not an error); a malformed file is
 a ``DataError`` naming the file and line. ``box_fractions`` rasterises boxes exactly onto an attention grid. A
@@ -68,9 +70,30 @@ def lemma(word: str) -> str:
 
 
 def entity_id(image_id: str) -> str:
-    """The Flickr30k photo id of a record's image id: its file stem up to the first ``_`` (Flickr8k names are
-    ``<id>_<secret>``), without a mirrored copy's suffix."""
-    return image_id.split("#", 1)[0].split("_", 1)[0]
+    """The Flickr30k photo id of a record's image id: the file's stem up to its first ``_``, without a mirrored
+    copy's ``#`` suffix. Record ids come in every shape a data format gives them: a Flickr8k stem
+    (``1000268201_693b08cb0e``), a file name (``1000092795.jpg``: Flickr30k's own), or a path under data.root
+    (``images/1000268201_693b08cb0e.jpg``, data.format captions), while the Entities files are named by the bare
+    number."""
+    name = re.split(r"[\\/]", image_id.split("#", 1)[0])[-1]
+    return name.split("_", 1)[0].split(".", 1)[0]
+
+
+Box = tuple[float, float, float, float]  # normalised [x0, y0, x1, y1]
+
+
+def clip_boxes(boxes: Iterable[Sequence[float]]) -> list[Box]:
+    """``boxes`` clipped to the photo ([0, 1]), less those left without area: the one rule every reader of boxes
+    goes by (teacher-forced and generated grounding, supervised attention, the overlays, through
+    ``EntityImage.phrase_boxes``). An XML box can lie past the recorded size; were a phrase with nothing left
+    scored in one setting (all of its attention outside) and dropped in another, the settings would count
+    different words."""
+    out = []
+    for box in boxes:
+        x0, y0, x1, y1 = (min(max(float(v), 0.0), 1.0) for v in box)
+        if x1 > x0 and y1 > y0:
+            out.append((x0, y0, x1, y1))
+    return out
 
 
 @dataclass(frozen=True)
@@ -109,15 +132,18 @@ class EntityImage:
     image_id: str
     size: tuple[int, int]  # (width, height) as the XML records it
     sentences: list[EntitySentence]
-    boxes: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)  # chain -> [x0,y0,x1,y1]
+    # chain -> its boxes normalised by ``size``, as the XML gives them (possibly past the photo's edge): read them
+    # through phrase_boxes, which clips
+    boxes: dict[str, list[Box]] = field(default_factory=dict)
     no_box: set[str] = field(default_factory=set)  # chains marked <nobndbox>
     scene: set[str] = field(default_factory=set)  # chains marked <scene>
 
-    def phrase_boxes(self, phrase: Phrase) -> list[tuple[float, float, float, float]]:
-        """The normalised boxes of the phrase's chain ([] for a scene, nobndbox or unannotated chain)."""
-        return self.boxes.get(phrase.chain, [])
+    def phrase_boxes(self, phrase: Phrase) -> list[Box]:
+        """The normalised boxes of the phrase's chain, clipped to the photo (``clip_boxes``): [] for a scene,
+        nobndbox or unannotated chain, and for one whose boxes all lie outside the photo."""
+        return clip_boxes(self.boxes.get(phrase.chain, []))
 
-    def boxed_heads(self) -> dict[str, tuple[list[tuple[float, float, float, float]], str]]:
+    def boxed_heads(self) -> dict[str, tuple[list[Box], str]]:
         """lemma of a boxed phrase's head noun -> (the union of the boxes of every chain such a phrase names, the
         row of the first such phrase): what a generated word is matched against."""
         heads: dict[str, tuple[list, str]] = {}
@@ -186,7 +212,8 @@ def _number(element: ET.Element | None, tag: str, path: Path) -> float:
 
 
 def read_annotation(path: str | Path) -> tuple[tuple[int, int], dict[str, list], set[str], set[str]]:
-    """An ``Annotations/<id>.xml``: ((width, height), chain -> normalised boxes, nobndbox chains, scene chains)."""
+    """An ``Annotations/<id>.xml``: ((width, height), chain -> normalised boxes (not yet clipped), nobndbox chains,
+    scene chains)."""
     path = Path(path)
     try:
         root = ET.parse(path).getroot()
@@ -212,10 +239,8 @@ def read_annotation(path: str | Path) -> tuple[tuple[int, int], dict[str, list],
                 if x1 < x0 or y1 < y0:
                     raise DataError(f"{path}: chain {chain}: box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) has xmax < xmin "
                                     "or ymax < ymin")
-                # 1-based inclusive pixels -> [0, 1] edges
-                boxes.setdefault(chain, []).append((
-                    min(max((x0 - 1) / width, 0.0), 1.0), min(max((y0 - 1) / height, 0.0), 1.0),
-                    min(max(x1 / width, 0.0), 1.0), min(max(y1 / height, 0.0), 1.0)))
+                # 1-based inclusive pixels -> [0, 1] edges; clipped where read (clip_boxes), in one place
+                boxes.setdefault(chain, []).append(((x0 - 1) / width, (y0 - 1) / height, x1 / width, y1 / height))
             if (flag := obj.find("nobndbox")) is not None and (flag.text or "").strip() == "1":
                 no_box.add(chain)
             if (flag := obj.find("scene")) is not None and (flag.text or "").strip() == "1":

@@ -20,10 +20,14 @@ and beside them, on the same words, three baselines that need no model to look a
 
 Two settings choose the words:
 
-- ``teacher_forced`` (Liu et al.'s): the model reads each annotated reference caption; every boxed phrase counts
-  once, at its head noun (its last word), with its own chain's boxes;
+- ``teacher_forced`` (Liu et al.'s): the model reads each annotated reference caption, cut at data.max_length as
+  training reads it; every boxed phrase whose head noun (its last word) is among the words read counts once, at
+  that word, with its own chain's boxes;
 - ``generated``: the model's own caption; a word counts when its lemma equals the head noun of a boxed phrase of
   any of the photo's references, and its boxes are those of every chain such a phrase names.
+
+In both, a phrase's boxes are clipped to the photo and those left without area dropped (entities.clip_boxes, the
+rule supervised attention reads too): a phrase whose boxes all clip to nothing is scored in neither.
 
 Each figure is also given per phrase type (people, animals, clothing, body parts, scene, vehicles, other), the
 first type a phrase lists.
@@ -143,16 +147,21 @@ class BoxGrounding:
         scored = 0
         for i, word in enumerate(words):
             hit = heads.get(lemma(word))
-            if hit is not None and hit[0].sum() > 0:
+            if hit is not None:
                 self.generated.add(maps[i], hit[0], hit[1])
                 scored += 1
         self.generated.photos += scored > 0
 
-    def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray) -> None:
-        """One annotated reference read by the model: ``alphas`` (n_tokens, L), row t the map of the step that
-        predicts token t. Every boxed phrase is scored at its head noun with its own chain's boxes."""
+    def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,
+                           max_length: int | None = None) -> None:
+        """One annotated reference read by the model: ``alphas`` (T, L), row t the map of the step that predicts
+        token t; ``max_length``: the cut the reference was encoded with (vocab.encode's; None: uncut). Every boxed
+        phrase whose head noun was read is scored there with its own chain's boxes."""
         sentence = photo.sentences[sentence_index]
-        alphas = np.asarray(alphas, dtype=np.float64)[: len(sentence.tokens)]
+        # The rows past the words read are the <end> step's and padding's maps: a head noun cut off the encoded
+        # caption would be scored with another step's map, so only the words read are scored (and averaged).
+        read = len(sentence.tokens) if max_length is None else min(len(sentence.tokens), max_length)
+        alphas = np.asarray(alphas, dtype=np.float64)[:read]
         maps = _one_cell(alphas, None) if self.one_cell else alphas
         self.teacher_forced.attended(maps)
         scored = 0

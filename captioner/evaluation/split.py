@@ -274,7 +274,7 @@ def box_grounding(model, records: Sequence, reads: dict[str, tuple], options: De
                             attention_mode=mode)
                 alphas = out.alphas.float().cpu().numpy()  # (N, T-1, L): row t predicts token t
                 for (photo, k), a in zip(photos, alphas):
-                    grounding.add_teacher_forced(photo, k, a)
+                    grounding.add_teacher_forced(photo, k, a, max_length=max_length)
         bar.close()
     return grounding.figures()
 

@@ -62,9 +62,9 @@ class BoxTargets:
             if photo is None:
                 continue
             for head, (boxes, _) in photo.boxed_heads().items():
-                f = box_fractions(boxes, grid_hw)
-                if f.sum() <= 0 or head not in ids_of:
+                if head not in ids_of:
                     continue
+                f = box_fractions(boxes, grid_hw)  # boxed_heads' boxes have area (entities.clip_boxes): f.sum() > 0
                 if record.mirrored:
                     f = f.reshape(H, W)[:, ::-1].reshape(H * W)
                 for word_id in ids_of[head]:
