@@ -139,3 +139,100 @@ def test_an_objective_switched_on_resume_keeps_training_with_its_own_fresh_state
     assert objective.baseline == 2.0
     objective.load_state_dict({"baseline": 1.5})
     assert objective.baseline == 1.5
+
+
+def _payload(in_epoch: dict | None, **train) -> dict:
+    return {"in_epoch": in_epoch, "config": {"train": {"batch_size": 16, "seed": 0, **train}}}
+
+
+def test_a_resume_inside_an_epoch_refuses_another_batch_size_seed_or_training_set():
+    """Each key that changes which items the epoch's first batches held is named; an epoch-end checkpoint (no
+    in_epoch) may change them all; a checkpoint saved before train_items was recorded compares its per-process
+    share (items)."""
+    from captioner.config import ConfigError
+    from captioner.training.resume import check_resumed_inside_epoch
+
+    part = {"epoch": 2, "batches": 5, "items": 60, "train_items": 120}
+    changed = load_config(SMOKE, ["train.batch_size=8", "train.seed=3"])
+    same = load_config(SMOKE)
+    check_resumed_inside_epoch(_payload(part), same, 120, 2, "runs/x")  # the same: nothing to refuse
+    check_resumed_inside_epoch(_payload(None), changed, 90, 2, "runs/x")  # an epoch's end: anything goes
+    with pytest.raises(ConfigError) as refused:
+        check_resumed_inside_epoch(_payload(part), changed, 90, 2, "runs/x")
+    message = str(refused.value)
+    assert "--resume runs/x: last.pt was saved inside epoch 3, after its batch 5" in message
+    assert "train.batch_size is 8 but the epoch began with 16" in message
+    assert "train.seed is 3 but the epoch began with 0" in message
+    assert "the training set holds 90 items but the epoch began with 120" in message
+    assert "a last.pt saved at an epoch's end may change" in message
+    with pytest.raises(ConfigError, match=r"the training set holds 121 items") as refused:
+        check_resumed_inside_epoch(_payload(part), same, 121, 2, "runs/x")
+    assert "train.batch_size is" not in str(refused.value) and "train.seed is" not in str(refused.value)
+    older = {k: v for k, v in part.items() if k != "train_items"}
+    check_resumed_inside_epoch(_payload(older), same, 119, 2, "runs/x")  # 60 a process all the same
+    with pytest.raises(ConfigError, match=r"gives each process 61 items but the epoch began with 60"):
+        check_resumed_inside_epoch(_payload(older), same, 122, 2, "runs/x")
+
+
+def test_a_checkpoint_saved_inside_an_epoch_resumes_only_with_its_batch_size_and_seed(data_root, tmp_path,
+                                                                                      monkeypatch, capsys,
+                                                                                      wrap_objective_loss):
+    """A run stopped inside its first epoch (SIGTERM after batch 2) is refused with another train.batch_size and
+    train.seed (before, it skipped 2 x 8 items of another order), ends the epoch with its own, and from that
+    epoch-end checkpoint trains on with the new ones."""
+    import os
+    import signal
+
+    import captioner.training.loop as loop_mod
+
+    steps = {"n": 0}
+
+    def signal_at_second_step(loss, forward, batch):
+        steps["n"] += 1
+        if steps["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # noted: the step finishes, last.pt is saved, the run stops
+        return loss(forward, batch)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as mp:
+        mp.setattr(loop_mod, "build_objective", loop_mod.build_objective)  # undone after: the wrap below
+        wrap_objective_loss(signal_at_second_step)
+        with pytest.raises(loop_mod.TrainingError, match="stopped by SIGTERM inside epoch 1, after its batch 2"):
+            train(_cfg(data_root, run, "train.epochs=1"))
+    assert load_checkpoint(run / "last.pt")["in_epoch"]["batches"] == 2
+    common = ["--resume", str(run), "--set", f"data.root={data_root}", "--set", "train.num_threads=1"]
+    new = ["--set", "train.batch_size=8", "--set", "train.seed=3"]
+    assert main(common + new) == 1
+    err = capsys.readouterr().err
+    assert "train.batch_size is 8 but the epoch began with 16" in err and "train.seed is 3" in err
+    assert load_checkpoint(run / "last.pt")["in_epoch"]["batches"] == 2  # untouched
+    assert main(common) == 0  # the epoch ends as it began
+    assert load_checkpoint(run / "last.pt")["in_epoch"] is None
+    assert main(common + new + ["--set", "train.epochs=2"]) == 0  # an epoch's end may change them
+    assert [e["epoch"] for e in _log(run)] == [1, 2]
+    assert load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 8
+
+
+def test_a_bare_run_folder_name_starts_the_run_there_and_the_same_command_resumes_it(data_root, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """`--resume myrun` (no slash) for a run not started yet starts it in ./myrun, as `--resume runs/x` does, rather
+    than failing "checkpoint not found: myrun"; the same command again continues that run (its id kept, nothing
+    moved aside as a new run would). A missing name that looks like a checkpoint file, or a shipped model's name,
+    is not a run folder."""
+    from captioner.training.resume import nothing_to_resume
+
+    monkeypatch.chdir(tmp_path)
+    assert nothing_to_resume("myrun") and nothing_to_resume("runs/x")
+    assert not nothing_to_resume("last.pt") and not nothing_to_resume("flickr8k")
+    command = ["--config", str(SMOKE), "--resume", "myrun", "--set", f"data.root={data_root}",
+               "--set", "train.num_threads=1", "--set", "train.tensorboard=off", "--set", "train.epochs=1"]
+    assert main(command) == 0
+    run = tmp_path / "myrun"
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+    assert main(command + ["--set", "train.epochs=2"]) == 0  # the requeue: the same folder, continued
+    assert json.loads((run / "run.json").read_text())["run_id"] == run_id
+    assert not list(run.glob("previous-*")) and [e["epoch"] for e in _log(run)] == [1, 2]
+    capsys.readouterr()
+    assert main(["--config", str(SMOKE), "--resume", "missing.pt"]) == 1
+    assert "checkpoint not found: missing.pt" in capsys.readouterr().err

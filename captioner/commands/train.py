@@ -39,9 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last.pt (its config.yaml is used "
                              "when --config is not given; --set still applies); a run killed at any moment "
-                             "continues to the same epochs and weights. A folder without last.pt yet (a job "
-                             "preempted in its first epoch, or not started: what a scheduler's requeue passes) "
-                             "starts the run there from its first epoch, with --config or the folder's config.yaml")
+                             "continues to the same epochs and weights. A folder without last.pt yet, or one that "
+                             "does not exist yet (a path such as runs/x, or a bare name; a job preempted in its "
+                             "first epoch, or not started: what a scheduler's requeue passes), starts the run "
+                             "there from its first epoch, with --config or the folder's config.yaml")
     return parser
 
 

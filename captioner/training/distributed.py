@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -58,6 +58,17 @@ def broadcast_flag(flag: bool, world: int, device: torch.device) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def max_over_ranks(values: Sequence[int], world: int, device: torch.device) -> list[int]:
+    """Each of ``values`` (small non-negative integers: flags, signal numbers) as its largest over every rank, in one
+    all-reduce: what any one process saw (a signal only it received, its own clock) becomes the whole job's decision
+    at the same step, where ``broadcast_flag`` would keep rank 0's alone and lose the others'."""
+    if world == 1:
+        return [int(v) for v in values]
+    t = torch.tensor([float(v) for v in values], device=device)  # float: every backend reduces it (exact < 2**24)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
 
 
 # --------------------------------------------------------------------------- RNG state as plain data

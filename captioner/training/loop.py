@@ -58,6 +58,7 @@ from captioner.training.distributed import (
     barrier,
     broadcast_flag,
     gather_rng_states,
+    max_over_ranks,
     seed_everything,
     set_rng_state,
     setup_distributed,
@@ -70,7 +71,7 @@ from captioner.training.objectives.registry import build_objective
 from captioner.training.optim import OPTIMIZERS, build_optimizer
 from captioner.training.preemption import PREEMPTION
 from captioner.training.progress import Progress
-from captioner.training.resume import init_weights, load_init, resume_payload
+from captioner.training.resume import check_resumed_inside_epoch, init_weights, load_init, resume_payload
 from captioner.training.run_files import (
     new_run_id,
     restore_missing_snapshot,
@@ -284,6 +285,8 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
         init_weights(cfg, model, init)
     train_set, val_loss_set, val_decode_set = make_datasets(cfg, model, vocab, train_records, val_records,
                                                              from_images, rank, world)
+    if payload is not None:  # a checkpoint saved inside an epoch continues that epoch's order: it must be the same
+        check_resumed_inside_epoch(payload, cfg, len(train_set), world, resume)
     objective = build_objective(cfg, model, train_set, from_images)
     optimizer = _build_optimizer(cfg, model)
     run = _Run(cfg, RunDir(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
@@ -385,7 +388,8 @@ def _restore_scaler(run: _Run, payload: dict) -> None:
 def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
     """One pass over the training set (steps, running means on the bar and TensorBoard), then the schedule's step.
     A checkpoint saved inside this epoch (``progress.in_epoch``) continues it from its next batch, with its running
-    sums; ``train.save_every_min`` and a preemption signal (SIGTERM, SIGUSR1) save one (``_save_inside_epoch``)."""
+    sums; ``train.save_every_min`` and a preemption signal (SIGTERM, SIGUSR1) to any rank save one
+    (``_save_inside_epoch``), the signal then stopping every rank."""
     from tqdm import tqdm
 
     t, model, progress = run.cfg.train, run.model, run.progress
@@ -422,15 +426,20 @@ def _train_epoch(run: _Run, epoch: int) -> _EpochStats:
                 if run.writer is not None:
                     run.writer.step({**res.parts, "loss": res.loss.detach()}, run.optimizer.param_groups[0]["lr"],
                                     progress.step)
-        due = PREEMPTION.noted or (
-            t.save_every_min > 0 and time.monotonic() - last_save >= 60.0 * t.save_every_min)
-        # the epoch's last batch: its end saves anyway
-        if done < n_batches and broadcast_flag(due, run.world, run.device):
+        if done == n_batches:
+            continue  # the epoch's last batch: its end saves anyway (and hears of a signal: train())
+        # One decision of the whole job, in one all-reduce: a signal that reached any rank (Slurm may signal one
+        # process only), a save any rank's clock calls for. Rank 0's flag alone would lose the others' signals, and
+        # a rank that stopped on its own signal would leave the rest waiting at their next collective.
+        due_here = t.save_every_min > 0 and time.monotonic() - last_save >= 60.0 * t.save_every_min
+        job_signal, due = max_over_ranks([PREEMPTION.number, due_here], run.world, run.device)
+        if job_signal or due:
             _save_inside_epoch(run, {"epoch": epoch, "batches": done, "n_steps": n_steps, "skipped": skipped,
                                      "sums": {k: float(v) for k, v in sums.items()},
-                                     "train_time": time.monotonic() - epoch_start, "items": items})
+                                     "train_time": time.monotonic() - epoch_start, "items": items,
+                                     "train_items": len(run.train_set)})
             last_save = time.monotonic()
-            PREEMPTION.stop_if_noted(run.run_dir, f"inside epoch {epoch + 1}, after its batch {done}")
+            PREEMPTION.stop_if_noted(run.run_dir, f"inside epoch {epoch + 1}, after its batch {done}", job_signal)
     bar.close()
     trained_lr = run.optimizer.param_groups[0]["lr"]  # the rate this epoch trained with (logged below)
     run.scheduler.step()
@@ -451,12 +460,23 @@ def _checkpoint(run: _Run, rng: list) -> dict:
 def _save_inside_epoch(run: _Run, part: dict) -> None:
     """last.pt inside an epoch (atomic, as every save): the weights, optimizer, schedule, objective, scaler and
     every rank's RNG streams after the batch ``part["batches"]``, and the epoch's running sums; a resume continues
-    from the next batch as if never stopped. Snapshots, best.pt and the metrics log wait for the epoch's end."""
+    from the next batch as if never stopped. Snapshots, best.pt and the metrics log wait for the epoch's end.
+    Rank 0 writes; a failure there (a full disk, non-finite weights) is raised on every rank (``_fail_together``),
+    and that broadcast also keeps every rank here until the file is written, so none stops before it exists."""
+    rng = gather_rng_states(run.world, run.device)  # a collective: every rank
+    failure = None
+    if run.is_main:
+        try:
+            _write_inside_epoch(run, part, rng)
+        except Exception as err:  # noqa: BLE001 - every rank hears of it (_fail_together), then it is raised
+            failure = err
+    _fail_together(run, failure, f"saving last.pt inside epoch {part['epoch'] + 1}")
+
+
+def _write_inside_epoch(run: _Run, part: dict, rng: list) -> None:
+    """Rank 0's half of ``_save_inside_epoch``: no collective inside."""
     from captioner.store.checkpoint import save_checkpoint
 
-    rng = gather_rng_states(run.world, run.device)  # a collective: every rank
-    if not run.is_main:
-        return
     if not _all_finite(run.model):
         raise TrainingError(f"non-finite weights inside epoch {part['epoch'] + 1}; not saving them")
     run.progress.elapsed_s = time.monotonic() - run.started
@@ -545,7 +565,7 @@ def _end_epoch(run: _Run, epoch: int, stats: _EpochStats) -> bool:
 
 
 def _fail_together(run: _Run, failure: BaseException | None, doing: str) -> None:
-    """Rank 0's error between validation and the collectives that follow reaches every rank within one broadcast,
+    """Rank 0's error (validating, saving at an epoch's end or inside one) reaches every rank within one broadcast,
     rather than after the process group's timeout (train.ddp_timeout_min: an hour), and every rank raises."""
     if not broadcast_flag(failure is not None, run.world, run.device):
         return
@@ -567,8 +587,9 @@ def train(cfg: Config, resume: str | None = None) -> Path:
                 stats = _train_epoch(run, epoch)
                 if _end_epoch(run, epoch, stats):
                     break
-                if broadcast_flag(PREEMPTION.noted, run.world, run.device):
-                    PREEMPTION.stop_if_noted(run.run_dir, f"after epoch {epoch + 1}")
+                # a signal to any rank during the epoch's last batch, validation or the save: the job stops here
+                (job_signal,) = max_over_ranks([PREEMPTION.number], run.world, run.device)
+                PREEMPTION.stop_if_noted(run.run_dir, f"after epoch {epoch + 1}", job_signal)
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")

@@ -1,7 +1,8 @@
 """The preemption notice a scheduler sends a training run: SIGTERM (Slurm, Kubernetes, ``kill``) and SIGUSR1 (Slurm's
 ``--signal``, sent ahead of the time limit). The handler only notes the signal; the training loop
-(captioner/training/loop.py) saves ``last.pt`` at the end of the batch in progress, every rank alike, and stops, saying
-how to continue (docs/usage.md, "Under a scheduler").
+(captioner/training/loop.py) takes the stop as a decision of the whole job at the end of the batch in progress (the
+ranks' notes all-reduced: a signal that reached one rank stops them all, whichever it was), saves ``last.pt`` and
+stops every rank, saying how to continue (docs/usage.md, "Under a scheduler").
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Preemption:
     def noted(self) -> bool:
         return self.signal is not None
 
+    @property
+    def number(self) -> int:
+        """The noted signal's number, 0 for none: what the loop reduces over the ranks (the largest wins)."""
+        return 0 if self.signal is None else int(self.signal)
+
     def note(self, signum: int, frame: Any) -> None:
         self.signal = signum
 
@@ -49,14 +55,27 @@ class Preemption:
             for number, handler in previous.items():
                 signal.signal(number, handler)
 
-    def stop_if_noted(self, run_dir: Any, where: str) -> None:
-        """After a save: a noted signal ends the run here (TrainingError), saying how to continue it."""
-        if self.signal is None:
+    def stop_if_noted(self, run_dir: Any, where: str, job_signal: int) -> None:
+        """After a save: a signal noted by any rank of the job (``job_signal``: the largest ``number`` over the
+        ranks, 0 for none) ends the run here on every rank (TrainingError), saying how to continue it. The message
+        names this process's own signal, or says that another rank received one: each rank stops by itself rather
+        than waiting for the process group's timeout at its next collective."""
+        if not job_signal:
             return
-        name = signal.Signals(self.signal).name
         last, root = Path(run_dir.last), Path(run_dir.root)
-        raise TrainingError(f"stopped by {name} {where}: {last} holds where it stopped; the same command with "
-                            f"--resume {root} continues it exactly")
+        if self.signal is not None:
+            why = f"stopped by {signal.Signals(self.signal).name} {where}"
+        else:
+            why = f"stopped {where}: another rank of the job received {_signal_name(job_signal)}"
+        raise TrainingError(f"{why}: {last} holds where it stopped; the same command with --resume {root} "
+                            "continues it exactly")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a number this platform does not name
+        return f"signal {number}"
 
 
 PREEMPTION = Preemption()  # one per process: signal handlers are process-wide

@@ -24,8 +24,9 @@ class Progress:
     stop: str | None = None  # why the run stopped after this epoch ("patience", "time budget"); None: it did not
     nonfinite_run: int = 0  # consecutive skipped steps (not saved: a checkpoint follows a good step)
     # a checkpoint saved inside an epoch (train.save_every_min, a preemption signal): that epoch (0-based), the
-    # batches of it done, and its running sums ({"epoch", "batches", "sums", "n_steps", "skipped", "train_time",
-    # "items"}); None at an epoch's end
+    # batches of it done, its running sums and the size of the training set it shuffled ({"epoch", "batches", "sums",
+    # "n_steps", "skipped", "train_time", "items", "train_items"}: resume.check_resumed_inside_epoch); None at an
+    # epoch's end
     in_epoch: dict | None = None
 
     def payload(self) -> dict:

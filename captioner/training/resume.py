@@ -4,9 +4,11 @@
 A resumed run must continue the same run: its config's model and data sections unchanged (only ``train.*`` may
 change, and of those not the optimizer's schedule, nor ``train.epochs`` when a schedule spans it: the cosine rate, the
 Gumbel temperature; ``check_resumed_schedule``), its latest ``last.pt`` (an earlier checkpoint would rewrite the
-metrics log without the later epochs; the refusal says how to branch a copy; a folder without one has nothing to
-resume: ``nothing_to_resume``, which `captioner train --resume` starts from its first epoch) and the same number
-of processes. A run that starts from another's weights
+metrics log without the later epochs; the refusal says how to branch a copy; a folder without one, or a run folder's
+path or bare name that does not exist yet, has nothing to resume: ``nothing_to_resume``, which `captioner train
+--resume` starts from its first epoch) and the same number of processes. A ``last.pt`` saved inside an epoch also
+needs that epoch's order: the same ``train.batch_size``, ``train.seed`` and training set
+(``check_resumed_inside_epoch``). A run that starts from another's weights
 (``train.init``) must share its model and data sections except the few ``INIT_MAY_DIFFER`` names (the attention
 kind, dropouts, the encoder's trained top).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 from torch import nn
@@ -25,6 +28,7 @@ from captioner.store.hub import is_model_folder, read_model_folder
 from captioner.store.locate import load_weights, locate
 from captioner.store.rundir import RunDir
 from captioner.store.saved_config import read_saved_config
+from captioner.store.zoo import is_shipped_name
 from captioner.training.errors import TrainingError
 
 log = logging.getLogger(__name__)
@@ -140,8 +144,14 @@ def nothing_to_resume(resume: str) -> bool:
     run = RunDir(resume)
     if run.root.is_dir():
         return not run.last.is_file() and not is_model_folder(run.root)
-    looks_like_folder = ("/" in resume or resume.startswith(".")) and Path(resume).suffix != ".pt"
-    return not run.root.exists() and looks_like_folder
+    if run.root.exists():
+        return False  # a file: a checkpoint (resume_payload reads it)
+    # Missing: a run folder to start, whether written runs/x or a bare name (what train.run_dir holds), unless it
+    # is a shipped model's name or looks like a checkpoint file, whose absence resume_payload reports
+    return not is_shipped_name(resume) and Path(resume).suffix not in CHECKPOINT_SUFFIXES
+
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")  # a missing path ending so is a checkpoint file not found
 
 
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
@@ -173,6 +183,36 @@ def _require_same_process_count(payload: dict, world: int, resume: str) -> None:
             f"process's data shard and random streams depend on the count, so it cannot continue exactly. Resume "
             f"with {saved} process(es) ({'no torchrun' if saved == 1 else f'torchrun --nproc_per_node={saved}'}), "
             "or start a new run from its weights with --init")
+
+
+EPOCH_ORDER_KEYS = ("batch_size", "seed")  # with the training set: which items an epoch's first n batches hold
+
+
+def check_resumed_inside_epoch(payload: dict, cfg: Config, train_items: int, world: int, resume: str) -> None:
+    """Refuse to continue a checkpoint saved inside an epoch (``in_epoch``) with another ``train.batch_size``,
+    ``train.seed`` or training set (``train_items``: the training dataset's length now; the data section is already
+    the run's, but its files or ``train.objective.kind``, per image or per caption, may change it), naming each that
+    differs. The resume skips the epoch's first ``batches x batch_size`` items of the order that (seed, epoch) draws
+    over the training set: with any of them changed, it would skip other items than those trained and train some
+    twice. A checkpoint saved at an epoch's end starts a new order and may change them."""
+    part = payload.get("in_epoch")
+    if not part:
+        return
+    saved, t = payload["config"].get("train", {}), cfg.train
+    differ = [f"train.{key} is {getattr(t, key)!r} but the epoch began with {saved[key]!r}"
+              for key in EPOCH_ORDER_KEYS if key in saved and saved[key] != getattr(t, key)]
+    if "train_items" in part:
+        if part["train_items"] != train_items:
+            differ.append(f"the training set holds {train_items} items but the epoch began with {part['train_items']}")
+    elif part["items"] != math.ceil(train_items / world):  # saved before train_items: this rank's share of them
+        differ.append(f"the training set gives each process {math.ceil(train_items / world)} items but the epoch "
+                      f"began with {part['items']}")
+    if differ:
+        raise ConfigError(
+            f"--resume {resume}: last.pt was saved inside epoch {part['epoch'] + 1}, after its batch "
+            f"{part['batches']}, and continues that epoch's order, but {'; '.join(differ)}: it would skip other items "
+            "than those trained. Resume with the values the epoch began with until it ends; a last.pt saved at an "
+            "epoch's end may change train.batch_size, train.seed and the training set")
 
 
 SCHEDULE_KEYS = ("optimizer", "lr", "encoder_lr", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma")
