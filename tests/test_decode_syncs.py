@@ -148,7 +148,13 @@ def test_searches_read_the_host_a_few_times_per_step_not_per_hypothesis(name, se
 def test_captions_scores_and_maps_equal_the_ones_recorded_before_the_change(name):
     """Beam 1, 3 and 5 (n_best up to 5, trigram blocking, <end> masked to the full length) on fixed small decoders
     give the captions, finished flags, read cells and per-word maps recorded before the host syncs were taken out,
-    and the scores to float32 rounding."""
+    and the scores to float32 rounding.
+
+    Exact equality is the point for the words, flags and read cells (the change must decode the same captions), and
+    they are exact on every CPU kernel set (ATEN_CPU_CAPABILITY default, avx2, avx512: .ci/run runs this file under
+    each). A score is a sum of about ten float32 log-probabilities whose last bits differ between kernel sets
+    (6e-6 relative seen under "default" against the avx512 recording), so scores compare to a relative 3e-5, and
+    each word's mean cell under alpha (recorded to 4 decimals) to 1e-3."""
     expected = json.loads((Path(__file__).with_name("decode_expected.json")).read_text())
     for args in decode_cases.DECODES:
         key = f"{name} {args}"
@@ -159,7 +165,7 @@ def test_captions_scores_and_maps_equal_the_ones_recorded_before_the_change(name
                                                                      for image in want], key
         for image, image_want in zip(got, want):
             for h, w in zip(image, image_want):
-                assert h[1] == pytest.approx(w[1], abs=1e-5), key
+                assert h[1] == pytest.approx(w[1], rel=3e-5), key
                 assert h[4] == pytest.approx(w[4], abs=1e-3), key
 
 

@@ -427,6 +427,11 @@ def cycle_step(V=8):
     table[:, D], table[:, E] = 1.0, 0.0
     for prev, nxt in cycle.items():
         table[prev, nxt] = 3.0
+    # No two hypotheses may tie: d and e lead back to a less surely than c does (else "a b c a b d" and
+    # "a b d a b c" score the same), and which of two tied ones a search keeps follows float rounding, which
+    # differs between CPU kernel sets (ATEN_CPU_CAPABILITY)
+    table[D, A], table[E, A] = 2.0, 1.5
+    table += 0.05 * torch.rand(V, V, generator=torch.Generator().manual_seed(0))  # nor may partial sums tie
     table[:, PAD] = table[:, START] = -1e4
     log_probs = torch.log_softmax(table, dim=1)  # (V, V): next-word log-probs given the last word
 
