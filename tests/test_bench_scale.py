@@ -90,7 +90,7 @@ def test_the_folder_is_deleted_unless_kept(tmp_path, monkeypatch, capsys):
     bench = load_bench_scale()
     seen = []
 
-    def run(folder, quick, log=print, device="cpu", tiny=False, compile_mode="off"):
+    def run(folder, quick, log=print, device="cpu", tiny=False, compile_mode="off", steps_only=False, on_part=None):
         (folder / "file").write_text("x")
         seen.append(folder)
         return {"quick": quick}

@@ -49,7 +49,7 @@ from torch import nn
 
 from captioner import fast as fast_paths
 from captioner.atomic import write_text_atomic
-from captioner.config import Config, ConfigError, config_to_dict, save_config
+from captioner.config import Config, config_to_dict, save_config
 from captioner.data.datasets import CaptionDataset, build_vocab, mirrored_records
 from captioner.data.vocab import Vocab
 from captioner.runtime import describe_device, enable_tf32, keep_freed_memory
@@ -68,7 +68,7 @@ from captioner.training.inputs import epoch_loader, load_split_records, make_dat
 from captioner.training.losses import LossOutput
 from captioner.training.objectives.base import Objective
 from captioner.training.objectives.registry import build_objective
-from captioner.training.optim import OPTIMIZERS, build_optimizer
+from captioner.training.optim import optimizer_for, scheduler_for
 from captioner.training.preemption import PREEMPTION
 from captioner.training.progress import Progress
 from captioner.training.resume import check_resumed_inside_epoch, init_weights, load_init, resume_payload
@@ -118,36 +118,6 @@ class _TrainForward(nn.Module):
             return self.model.decoder.sample(grid, **sample)
         # the captions that read one grid row are copies of one caption: they share their dropout masks
         return self.model(grid, captions, lengths, dropout_rows=rows, **read)
-
-
-# model settings a train.init checkpoint may differ in: the weights are the same set of tensors either way
-# (HardAttention adds no parameter to SoftAttention, dropout none, fine-tuning none), so a soft model can start
-# a hard one, and a frozen-encoder model one whose top blocks fine-tune
-def _build_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
-    t = cfg.train
-    encoder_ids = set()
-    if cfg.model.encoder.finetune_blocks > 0:
-        encoder_ids = {id(p) for p in model.encoder.trainable_parameters()}
-    head = [p for p in model.parameters() if p.requires_grad and id(p) not in encoder_ids]
-    groups = [{"params": head, "lr": t.lr}]
-    if encoder_ids:
-        groups.append({"params": [p for p in model.parameters() if id(p) in encoder_ids], "lr": t.encoder_lr})
-    if t.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"train.optimizer: unknown {t.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    return build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)  # Adam fused where it exists
-
-
-def _build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-    """Stepped once per epoch; "none" is a constant schedule so the checkpoint always has one."""
-    t = cfg.train
-    schedules = {
-        "none": lambda: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0),
-        "step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, step_size=t.lr_step_epochs, gamma=t.lr_gamma),
-        "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=t.epochs),
-    }
-    if t.lr_schedule not in schedules:
-        raise ConfigError(f"train.lr_schedule: unknown {t.lr_schedule!r}; valid: {', '.join(schedules)}")
-    return schedules[t.lr_schedule]()
 
 
 def _weights_hash(model: nn.Module) -> str:
@@ -288,9 +258,9 @@ def _set_up(cfg: Config, resume: str | None, started: float) -> _Run:
     if payload is not None:  # a checkpoint saved inside an epoch continues that epoch's order: it must be the same
         check_resumed_inside_epoch(payload, cfg, len(train_set), world, resume)
     objective = build_objective(cfg, model, train_set, from_images)
-    optimizer = _build_optimizer(cfg, model)
+    optimizer = optimizer_for(cfg, model)
     run = _Run(cfg, RunDir(t.run_dir), rank, world, device, vocab, model, from_images, train_set, val_loss_set,
-               val_decode_set, objective, optimizer, _build_scheduler(cfg, optimizer),
+               val_decode_set, objective, optimizer, scheduler_for(cfg, optimizer),
                Progress(best={"metric": t.val_metric, "value": None, "epoch": 0}, run_id=new_run_id()), started)
     # The training stream starts here, so it does not depend on whether feature extraction (which
     # draws on the global RNG) just ran; each rank gets its own dropout masks and attention samples.
