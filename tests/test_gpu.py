@@ -259,7 +259,8 @@ def test_one_rank_process_group_carries_the_training_loops_collectives(data_root
     """RANK 0 of WORLD_SIZE 1 over NCCL (ONE_RANK_GROUP above: at world size 1 the loop alone makes no group and
     calls no collective), two epochs: DDP wraps the step, each step all-reduces its figures and then the job's stop
     decision (a signal or a save due on any rank; not after an epoch's last batch, whose end decides instead), rank
-    0's failures and stop are broadcast at each epoch's end, which gathers the RNG states. The CPU dry run uses gloo instead (NCCL needs CUDA), the same logic."""
+    0's failures and stop are broadcast at each epoch's end, which gathers the RNG states. The CPU dry run uses
+    gloo instead (NCCL needs CUDA), the same logic."""
     backend = "nccl" if torch.device(DEVICE).type == "cuda" else "gloo"
     run_dir = tmp_path / "one_rank"
     cmd = [sys.executable, "-c", ONE_RANK_GROUP, "--config", str(SMOKE), "--set", f"data.root={data_root}",
