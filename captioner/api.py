@@ -358,9 +358,15 @@ def load_shipped(name: str | None = None, device: Any = "auto") -> ImageCaptione
 
 
 def export_model(checkpoint: str | Path, out_dir: str | Path, name: str | None = None, dtype: str = "float16",
-                 scores: dict | None = None, dataset: str | None = None) -> Path:
+                 scores: dict | None = None, dataset: str | None = None, group: int | None = None) -> Path:
     """Write the model of ``checkpoint`` (a checkpoint, run directory or model folder) as a model folder
-    (``captioner export``)."""
+    (``captioner export``); ``group``: int8's entries per scale (default store/quantize.GROUP). A model folder's
+    weights keep the source it records (the training checkpoint they came from), whatever their dtype now."""
+    from captioner.store.hub import is_model_folder, read_model_config
+
     model = load_captioner(checkpoint)
-    return save_model_folder(model, out_dir, name=name, dtype=dtype, scores=scores, dataset=dataset,
-                             source=str(checkpoint))
+    source = str(checkpoint)
+    if is_model_folder(checkpoint):
+        source = read_model_config(Path(checkpoint)).get("source_checkpoint") or source
+    return save_model_folder(model, out_dir, name=name, dtype=dtype, scores=scores, dataset=dataset, source=source,
+                             group=group)

@@ -101,10 +101,16 @@ def test_re_export_keeps_the_card_text_and_refreshes_its_metadata(folder, tmp_pa
     copy = tmp_path / "again"
     shutil.copytree(folder, copy)
     card = copy / CARD_FILE
-    card.write_text(card.read_text().replace("## Fingerprint", "Written by hand.\n\n## Fingerprint"))
+    card.write_text(card.read_text().replace("## Fingerprint", "Written by hand.\n\n## Fingerprint")
+                    + "\n## Known limits\n\nAlso by hand.\n")
+    old_digest = json.loads((copy / CONFIG_FILE).read_text())["weights_sha256"]
     load_captioner(copy).save_pretrained(copy, name="renamed", dtype="float16", scores=SCORES)
     block, body = split_card(card.read_text())
     assert "Written by hand." in body and block["model-index"][0]["name"] == "renamed"
+    # the fingerprint section is config.json's: the new weights' digest replaces the old, the text after it stays
+    new_digest = json.loads((copy / CONFIG_FILE).read_text())["weights_sha256"]
+    assert new_digest != old_digest and f"- weights sha256: `{new_digest}`" in body and old_digest not in body
+    assert body.endswith("\n## Known limits\n\nAlso by hand.\n") and body.count("## Fingerprint") == 1
     half = ImageCaptioner.from_pretrained(copy)
     for key, value in load_captioner(folder).state_dict().items():
         expected = value.half().float() if value.is_floating_point() else value

@@ -34,7 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("hub",), default="hub",
                         help="the folder layout; hub (the only one): what model hubs hold and the shipped models use")
     parser.add_argument("--name", default=None, help="the model's name (default: the folder's name)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float16",
+                        help="the weights' format: float16 (default), float32 (bit-exact) or int8 (a matrix row's "
+                             "entries in groups sharing a float16 scale, read back as float32: the shipped models')")
+    parser.add_argument("--group", type=int, default=None,
+                        help="with --dtype int8: entries per scale (default 64; 32 rounds closer, 3 %% larger)")
     parser.add_argument("--scores", default=None,
                         help="validation scores to record and put on the card: the JSON of `captioner evaluate --out`")
     parser.add_argument("--dataset", default=None, help="the data set's name on the card (default: from the config)")
@@ -44,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         scores = _read_scores(Path(args.scores)) if args.scores else None
-        folder = export_model(args.checkpoint, args.out, args.name, args.dtype, scores, args.dataset)
+        folder = export_model(args.checkpoint, args.out, args.name, args.dtype, scores, args.dataset, args.group)
     except (CheckpointError, OSError, ValueError) as err:
         print(f"captioner export: {err}", file=sys.stderr)
         return 1

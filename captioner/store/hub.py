@@ -40,6 +40,7 @@ from torch import nn
 from captioner.atomic import atomic_path, write_text_atomic
 from captioner.config import Config, config_to_dict
 from captioner.data.vocab import Vocab
+from captioner.store import quantize
 from captioner.store.checkpoint import check_state_dict, state_dict_mismatch
 from captioner.store.saved_config import read_saved_config
 from captioner.version import __version__
@@ -49,8 +50,10 @@ VERSION = 2  # 1: NAME.safetensors + NAME.json side by side (no longer read); 2:
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
+FINGERPRINT_HEADING = "## Fingerprint\n"  # the card's section written from config.json
 BACKBONE_PREFIX = "encoder.backbone."  # frozen pretrained weights: installed with the package, not in the folder
-DTYPES = {"float16": torch.float16, "float32": torch.float32}
+# the weights file's number formats: int8 is group-wise 8-bit (store/quantize.py), read back as float32
+DTYPES = {"float16": torch.float16, "float32": torch.float32, "int8": torch.int8}
 # Caption metric -> the metric id a hub's model-index uses.
 METRIC_TYPES = {"BLEU-1": "bleu", "BLEU-2": "bleu", "BLEU-3": "bleu", "BLEU-4": "bleu", "METEOR": "meteor",
                 "ROUGE-L": "rouge", "CIDEr-D": "cider"}
@@ -103,7 +106,7 @@ def dataset_name(data: Any) -> str:
 
 def save_model_folder(model: nn.Module, directory: str | Path, name: str | None = None,
                       dtype: str = "float16", scores: dict | None = None, dataset: str | None = None,
-                      source: str | None = None) -> Path:
+                      source: str | None = None, group: int | None = None) -> Path:
     """Write ``model`` as a model folder (model.safetensors, config.json, README.md); returns the folder.
 
     Args:
@@ -111,21 +114,33 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
             ``model.pretrained_backbone`` says whether its backbone is the installed one.
         directory: the folder (created; files of the same names are replaced, a card's text is kept).
         name: the model's name (default: the folder's).
-        dtype: "float16" (half the size; what the shipped models use) or "float32" (bit-exact).
+        dtype: "float16" (half the size), "float32" (bit-exact) or "int8" (a quarter of float32: matrices in
+            8 bits with a float16 scale per 64 entries of a row, vectors in float16; what the shipped models use).
         scores: validation scores to record (``captioner evaluate --out`` JSON, or metric -> value).
         dataset: the data set's name for the card (default: from the config's data section).
         source: where the weights came from (a checkpoint path), recorded as is.
+        group: with int8, the entries of a row that share one scale (default ``quantize.GROUP``, 64; finer groups
+            round closer at 1/16 of a byte per weight for 32).
     """
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if group is not None and dtype != "int8":
+        raise ValueError(f"a group size ({group}) is int8's setting; dtype {dtype} has no scales")
+    group = quantize.GROUP if group is None else group
+    if group < 1:
+        raise ValueError(f"group {group}: the entries per int8 scale must be at least 1")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name = name or directory.resolve().name
     installed = bool(model.pretrained_backbone)
-    tensors = {k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
-               for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
+    kept = {k: v for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
+    # a backbone that travels in the file stays float16 under int8: its fingerprint digests the weights as loaded
+    tensors = {k: (v.to(DTYPES[dtype] if dtype != "int8" else torch.float16) if v.is_floating_point() else v
+                   ).contiguous() for k, v in kept.items()}
+    if dtype == "int8":
+        tensors.update(quantize.pack({k: v for k, v in kept.items() if not k.startswith(BACKBONE_PREFIX)}, group))
     cfg = config_to_dict(model.config)
     cfg["model"]["encoder"]["pretrained"] = installed  # True: the backbone comes from the installed weights
     # A reader never meets half a file, and a failed export (a full disk: atomic.DiskFullError) leaves the folder
@@ -136,11 +151,14 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
         meta = {
             "format": FORMAT, "version": VERSION, "name": name, "library_name": "captioner", "dtype": dtype,
             "weights_sha256": sha256_of(tmp), "weights_bytes": tmp.stat().st_size,
-            "parameters": sum(v.numel() for v in tensors.values()), "fingerprint": _fingerprint(model, tensors),
+            "parameters": sum(v.numel() for k, v in tensors.items() if not quantize.is_scale_key(k)),
+            "fingerprint": _fingerprint(model, tensors),
             "attention": model.attention_kind, "dataset": dataset or dataset_name(model.config.data),
             "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
             "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
         }
+        if dtype == "int8":  # what reading needs besides the file: the entries per scale
+            meta["quantization"] = {"bits": 8, "group": group, "scales": "float16"}
         write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
     write_card(directory / CARD_FILE, meta)
     return directory
@@ -202,14 +220,16 @@ def _card_body(meta: dict) -> str:
     lines = [f"# {meta['name']}", "",
              f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over the "
              f"{'x'.join(map(str, fp['grid_hw']))} grid of {fp['name']}, trained on {meta['dataset']}; "
-             f"{meta['parameters']:,} parameters in {meta['dtype']}.", "",
+             f"{meta['parameters']:,} parameters in {meta['dtype']}"
+             + (" (matrices in 8 bits with a float16 scale per 64 entries of a row, read as float32)"
+                if meta["dtype"] == "int8" else "") + ".", "",
              "```bash", f"captioner caption photo.jpg --model owner/{meta['name']}   # or this folder", "```", ""]
     if scores:
         lines += [f"## Scores ({meta['dataset']} {context['split'] or ''}, beam {context['beam'] or '?'}, "
                   f"tokenizer {context['tokenizer'] or '?'})", "",
                   "| " + " | ".join(scores) + " |", "|" + "---|" * len(scores),
                   "| " + " | ".join(f"{v:.1f}" for v in scores.values()) + " |", ""]
-    return "\n".join(lines + ["## Fingerprint", ""] + card_fingerprint_lines(meta)) + "\n"
+    return "\n".join(lines + [FINGERPRINT_HEADING.strip(), ""] + card_fingerprint_lines(meta)) + "\n"
 
 
 def split_card(text: str) -> tuple[dict, str]:
@@ -223,8 +243,13 @@ def split_card(text: str) -> tuple[dict, str]:
 
 
 def write_card(path: Path, meta: dict) -> None:
-    """README.md: the metadata block, then the card's own text (kept when the file exists, else generated)."""
+    """README.md: the metadata block, then the card's own text (kept when the file exists, else generated), whose
+    fingerprint section, written from config.json, is refreshed with it (a re-export writes new weights)."""
     body = split_card(path.read_text())[1] if path.is_file() else _card_body(meta)
+    if FINGERPRINT_HEADING in body:
+        before, after = body.split(FINGERPRINT_HEADING, 1)
+        rest = after[after.index("\n## "):] if "\n## " in after else "\n"
+        body = before + FINGERPRINT_HEADING + "\n" + "\n".join(card_fingerprint_lines(meta)) + "\n" + rest
     block = yaml.safe_dump(card_metadata(meta), sort_keys=False, allow_unicode=True)
     write_text_atomic(path, f"---\n{block}---\n\n{body}")
 
@@ -273,7 +298,7 @@ def weights_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
 
     try:
         with safe_open(str(weights), framework="pt") as f:
-            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys() if not quantize.is_scale_key(key)}
     except (SafetensorError, OSError) as err:
         raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
 
@@ -313,9 +338,12 @@ def read_model_folder(directory: str | Path, expected_shapes: ShapesOf | None = 
     if expected_shapes is not None:
         _check_shapes(weights, cfg, expected_shapes(cfg, vocab))
     try:
-        tensors = load_file(str(weights))
+        # int8 weights (dtype int8) read back as float32, with the group size they were written with
+        tensors = quantize.unpack(load_file(str(weights)), int(meta.get("quantization", {}).get("group", 1)))
     except (SafetensorError, OSError) as err:
         raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
+    except ValueError as err:
+        raise ModelFolderError(f"{weights}: damaged int8 weights: {err}") from None
     return cfg, vocab, tensors, meta
 
 
