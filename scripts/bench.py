@@ -516,9 +516,11 @@ def add_useful_flops(results: dict) -> None:
 
 
 def run_benches(only: list[str] | None = None, quick: bool = False, device: str = "cpu", threads: int = 2,
-                amp: bool = False, configs: Sequence[str] | None = None) -> dict:
+                amp: bool = False, configs: Sequence[str] | None = None, on_part=lambda results: None) -> dict:
     """Everything the issue asks for in one run (matmul always, for the ratios); train and decode at every
-    configuration of CONFIGS, or at ``configs``."""
+    configuration of CONFIGS, or at ``configs``. ``on_part(results)`` after each bench (the GPU check writes them
+    as they come, so that a time limit keeps what was measured). On CUDA float32 matmuls run in TF32, as training
+    runs them (train.tf32's default)."""
     names = only or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
@@ -526,6 +528,10 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
     _check_configs(configs)  # before minutes of benchmarks, not after
     torch.set_num_threads(threads)
     from captioner.fast import kernels
+    from captioner.runtime import enable_tf32
+
+    if device.startswith("cuda"):  # only there: on the CPU "high" precision may change oneDNN's matmuls
+        enable_tf32(True)
 
     # Whether this run used the fused C kernels (captioner/fast/kernels; CAPTIONER_KERNELS=0 times the PyTorch path).
     results: dict = {"device": device, "threads": threads, "quick": quick, "fused_kernels": kernels.available()}
@@ -539,6 +545,7 @@ def run_benches(only: list[str] | None = None, quick: bool = False, device: str 
             rows = BENCHES[name](**common, configs=configs) if name in ("train", "decode") else BENCHES[name](**common)
             for key, row in rows.items():
                 results.setdefault(key, {}).update(row)
+        on_part(results)
     add_useful_flops(results)
     return results
 
@@ -570,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda also reports bf16 autocast figures)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--amp", action="store_true", help="also time bf16 autocast (implied by --device cuda)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the results as JSON to this file, after each bench (a time limit keeps them)")
     parser.add_argument("--train-worker", default=None, help=argparse.SUPPRESS)  # internal: one training run
     args = parser.parse_args(argv)
     if args.train_worker:
@@ -582,8 +591,13 @@ def main(argv: list[str] | None = None) -> int:
     if configs and any(c not in CONFIGS for c in configs):
         parser.error(f"unknown configuration in {args.configs!r} (valid: {', '.join(CONFIGS)})")
     amp = args.amp or args.device.startswith("cuda")
+    def write(partial: dict) -> None:
+        if args.out is not None:
+            args.out.write_text(json.dumps(partial, indent=2))
+
     results = run_benches(names, quick=args.quick, device=args.device, threads=args.threads, amp=amp,
-                          configs=configs)
+                          configs=configs, on_part=write)
+    write(results)
     print(json.dumps(results, indent=2) if args.json else format_table(results))
     return 0
 

@@ -53,7 +53,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # runnable from a checkout without install
-from captioner.runtime import keep_freed_memory  # noqa: E402
+from captioner.runtime import enable_tf32, keep_freed_memory  # noqa: E402
 
 # The Karpathy split of COCO 2014 (dataset_coco.json): images per split, and captions in all.
 COCO = dict(train=82_783, restval=30_504, val=5_000, test=5_000, captions=616_767)
@@ -293,24 +293,43 @@ def ops_per_step(step) -> int:
     return counter.ops
 
 
-def gpu_busy_share(step, steps: int = 3) -> dict:
-    """On CUDA: the share of the steps' wall time the GPU spent in kernels (their summed durations from
-    torch.profiler, over ``steps`` steps after a synchronise), and the kernels launched per step."""
+def gpu_busy_share(step, step_s: float, steps: int = 3) -> dict:
+    """On CUDA: the share of a step the GPU spends in kernels (their summed durations from torch.profiler over
+    ``steps`` steps after a synchronise, per step, over ``step_s``: the step's time measured *without* the profiler,
+    whose own overhead would lengthen the step and understate the share), the kernels run per step, and the CPU's
+    launches per step, counted apart: kernel launches (cudaLaunchKernel and kin) and CUDA-graph replays
+    (cudaGraphLaunch: one replays a whole captured step). A compiled step that silently fell back to eager shows as
+    no replays and as many launches as kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - start) * 1e6
     events = prof.events()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    launches = [e for e in events if "LaunchKernel" in e.name or "GraphLaunch" in e.name]  # the CPU's calls
-    busy_us = sum(e.device_time for e in kernels)  # microseconds; one stream: kernels do not overlap
-    return {"gpu_busy_share": busy_us / wall_us, "kernels_per_step": len(kernels) / steps,
-            "launches_per_step": len(launches) / steps}
+    replays = [e for e in events if "GraphLaunch" in e.name]  # the CPU's calls
+    launches = [e for e in events if "LaunchKernel" in e.name]
+    busy_us = sum(e.device_time for e in kernels) / steps  # microseconds per step; one stream: no overlap
+    return {"gpu_busy_share": busy_us / (step_s * 1e6), "kernels_per_step": len(kernels) / steps,
+            "launches_per_step": len(launches) / steps, "graph_replays_per_step": len(replays) / steps}
+
+
+def step_verdict(r: dict) -> str:
+    """One line per measured training step: ok, or what is wrong (a compiled step that replays no CUDA graph has
+    fallen back to eager; a GPU idle most of the step is bound by the CPU's launches)."""
+    name = f"step batch {r['batch']} {'eager' if r['compile'] == 'off' else r['compile']}"
+    if r["gpu_busy_share"] is None:
+        return f"verdict: {name}: ok ({r['batches_per_s']:.2f} batches/s on {r['device']})"
+    problems = []
+    if r["compile"] == "cudagraphs" and not r["graph_replays_per_step"]:
+        problems.append("no CUDA-graph replay: fell back to eager")
+    if r["gpu_busy_share"] < 0.5:
+        problems.append(f"GPU busy only {100 * r['gpu_busy_share']:.0f} % of the step")
+    figures = (f"{r['batches_per_s']:.2f} batches/s, busy {100 * r['gpu_busy_share']:.0f} %, "
+               f"{r['launches_per_step']:.0f} launches and {r['graph_replays_per_step']:.0f} graph replays per step")
+    return f"verdict: {name}: {'; '.join(problems) if problems else 'ok'} ({figures})"
 
 
 def step_rate(vocab, dataset, tiny: bool, steps: int, warmup: int, device: str = "cpu",
@@ -343,10 +362,11 @@ def step_rate(vocab, dataset, tiny: bool, steps: int, warmup: int, device: str =
               # launches per step instead)
               "ops_per_step": None if compile_mode != "off" else ops_per_step(
                   lambda: _train_step(model, params, optimizer, cfg, batches[0], device)),
-              "gpu_memory_gb": None, "gpu_busy_share": None, "kernels_per_step": None, "launches_per_step": None}
+              "gpu_memory_gb": None, "gpu_busy_share": None, "kernels_per_step": None, "launches_per_step": None,
+              "graph_replays_per_step": None}
     if device.startswith("cuda"):
         result["gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        result.update(gpu_busy_share(lambda: _train_step(model, params, optimizer, cfg, batches[-1], device)))
+        result.update(gpu_busy_share(lambda: _train_step(model, params, optimizer, cfg, batches[-1], device), step_s))
     return result
 
 
@@ -440,13 +460,17 @@ def _step_line(r: dict) -> str:
             f"{r['device']}): {r['batches_per_s']:.2f} batches/s ({r['step_s']:.3f} s/step)"
             + (f", {r['ops_per_step']:,} operations dispatched per step" if r["ops_per_step"] is not None else ""))
     if r["gpu_busy_share"] is not None:
-        line += (f", {r['launches_per_step']:.0f} launches, {r['kernels_per_step']:.0f} kernels"
+        line += (f", {r['launches_per_step']:.0f} kernel launches, {r['graph_replays_per_step']:.0f} graph replays, "
+                 f"{r['kernels_per_step']:.0f} kernels"
                  f", GPU busy {100 * r['gpu_busy_share']:.0f} % of the step, "
                  f"peak GPU memory {r['gpu_memory_gb']:.2f} GB")
     return line
 
 
 def format_report(results: dict) -> str:
+    if "projection" not in results:  # --steps-only
+        steps = [*results["steps"].values(), *results.get("compiled_steps", {}).values()]
+        return "\n".join([*(_step_line(r) for r in steps), *(step_verdict(r) for r in steps)])
     d, c, o, s, p = (results[k] for k in ("dataset", "cache", "open", "steps", "projection"))
     lines = [f"data set: {d['images']:,} images, {d['captions']:,} captions ({d['captions_per_image']:.3f} per image, "
              f"{d['mean_words']:.2f} words), {d['json_mb']:.0f} MB JSON; vocabulary {o['vocab_words']:,} words",
@@ -482,7 +506,10 @@ def format_report(results: dict) -> str:
 
 
 def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = False,
-        compile_mode: str = "off") -> dict:
+        compile_mode: str = "off", steps_only: bool = False, on_part=lambda results: None) -> dict:
+    """Every measurement, or with ``steps_only`` the training steps alone (the GPU check: the loader and the
+    processes' memory are the CPU's business); ``on_part(results)`` after each part, so that a run stopped by a
+    time limit keeps what it measured."""
     sizes = QUICK if quick else COCO
     rng = np.random.default_rng(0)
     results: dict = {"quick": quick, "cpu_threads": torch.get_num_threads()}
@@ -494,22 +521,31 @@ def run(folder: Path, quick: bool, log=print, device: str = "cpu", tiny: bool = 
     results["open"], vocab, dataset = open_data(folder)
     batches = 10 if quick else 200
     results["loader"] = {}
-    for workers in WORKERS:
+    for workers in () if steps_only else WORKERS:
         log(f"loader, {workers} workers ...")
         results["loader"][str(workers)] = loader_rate(dataset, workers, batches, folder / "cache" / "grids.f16")
-    log("one epoch, 2 workers ...")
-    results["epoch"] = loader_epoch(dataset, 2, folder / "cache" / "grids.f16")
+        on_part(results)
+    if not steps_only:
+        log("one epoch, 2 workers ...")
+        results["epoch"] = loader_epoch(dataset, 2, folder / "cache" / "grids.f16")
+        on_part(results)
     log("training step ...")
     results["steps"], results["compiled_steps"] = {}, {}
     for batch in STEP_BATCHES:
         log(f"training step, batch {batch} ...")
         results["steps"][str(batch)] = step_rate(vocab, dataset, tiny, steps=2 if tiny else 6,
                                                  warmup=1 if tiny else 2, device=device, batch_size=batch)
+        log(step_verdict(results["steps"][str(batch)]))
+        on_part(results)
         if compile_mode != "off":  # the same step with train.compile (its warm-up compiles)
             log(f"training step, batch {batch}, compiled ({compile_mode}) ...")
             results["compiled_steps"][str(batch)] = step_rate(vocab, dataset, tiny, steps=2 if tiny else 6,
                                                               warmup=3, device=device, batch_size=batch,
                                                               compile_mode=compile_mode)
+            log(step_verdict(results["compiled_steps"][str(batch)]))
+            on_part(results)
+    if steps_only:
+        return results
     del dataset, vocab  # the processes below hold their own
     log("one and two processes ...")
     results["rss"] = rss_runs(folder, quick, batches=10 if quick else 300, reads=("pread", "memmap"))
@@ -529,10 +565,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", default="off", choices=("off", "inductor", "cudagraphs"),
                         help="also step with train.compile set to this (on a GPU: cudagraphs), eager against compiled")
     parser.add_argument("--device", default="cpu", help="where the training step runs: cpu (default) or cuda")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="only the training steps, eager and compiled (the GPU check; no loader, no processes)")
     args = parser.parse_args(argv)
     from captioner.runtime import resolve_device
 
     device = str(resolve_device(args.device))  # cuda without CUDA: refused, naming --device
+    if device.startswith("cuda"):  # float32 matmuls in TF32, as training runs them there (train.tf32's default)
+        enable_tf32(True)
     keep_freed_memory()  # as the `captioner` command does
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores: measured
     if args.dir is not None:
@@ -545,8 +585,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder)
         return 1
     try:
+        def write(partial: dict) -> None:  # each part as it ends: a time limit keeps what was measured
+            if args.out is not None:
+                args.out.write_text(json.dumps(partial, indent=1))
+
         results = run(folder, args.quick, log=lambda m: print(m, file=sys.stderr, flush=True), device=device,
-                      tiny=args.tiny_model, compile_mode=args.compile)
+                      tiny=args.tiny_model, compile_mode=args.compile, steps_only=args.steps_only, on_part=write)
         results["folder"] = str(folder)
     finally:
         if not args.keep:

@@ -1,14 +1,13 @@
-"""pycocoevalcap's wheel without METEOR and SPICE: what `make wheels` takes to a GPU node with no network.
+"""pycocoevalcap's wheel without its Java (METEOR, SPICE, the PTB tokenizer's jar), for a GPU node with no network.
 
 Run:  python scripts/slim_pycocoevalcap.py pycocoevalcap-1.2-py3-none-any.whl OUTDIR
 
-pycocoevalcap's wheel is 100 MB, nearly all of it Java that the GPU check never runs: SPICE (its jars; the project
-does not report SPICE) and METEOR (its jar and its 62 MB paraphrase table; the check's tests score with
-``meteor=False``, and training validates METEOR only when ``train.val_metric`` is METEOR). What the check does run
-is kept: the BLEU, ROUGE-L and CIDEr-D scorers (plain Python) and the PTB tokenizer with its CoreNLP jar (5.6 MB),
-which `tokenizer: auto` picks wherever Java is on PATH; without Java it picks nltk's Treebank tokenizer
-(captioner/evaluation/metrics.py). Where METEOR is asked for and Java is present, it fails to start and is reported
-as None with a warning, as a failed METEOR is everywhere.
+pycocoevalcap's wheel is 100 MB, nearly all of it Java, which the GPU node lacks: SPICE (its jars; the project does
+not report SPICE), METEOR (its jar and its 62 MB paraphrase table; the check's tests score with ``meteor=False``)
+and the PTB tokenizer's CoreNLP jar (5.6 MB). What the check runs is kept: the BLEU, ROUGE-L and CIDEr-D scorers
+(plain Python) and the tokenizer's Python. Without the jar `tokenizer: auto` picks nltk's Treebank tokenizer even
+where Java is present, and "ptb" names the missing jar (captioner/evaluation/metrics.py); METEOR, asked for where
+Java is present, fails to start and is reported as None with a warning, as a failed METEOR is everywhere.
 
 The copy's version gets the local label ``+slim`` (1.2 -> 1.2+slim), so that `pip list` on the node says which one
 is installed; RECORD is written afresh for the files kept.
@@ -26,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 DROPPED = ("pycocoevalcap/spice/*.jar", "pycocoevalcap/spice/lib/*", "pycocoevalcap/meteor/*.jar",
-           "pycocoevalcap/meteor/data/*")
+           "pycocoevalcap/meteor/data/*", "pycocoevalcap/tokenizer/*.jar")
 LABEL = "slim"
 
 

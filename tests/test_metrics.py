@@ -231,6 +231,24 @@ def test_tokenizer_choice_follows_java(monkeypatch):
     assert metrics.resolve_tokenizer("auto") == "ptb"
 
 
+def test_tokenizer_choice_follows_the_ptb_jar_too(monkeypatch, tmp_path):
+    """A slimmed pycocoevalcap (an offline GPU node's, scripts/slim_pycocoevalcap.py) has no CoreNLP jar: with Java
+    present "auto" still picks the Treebank tokenizer there, and "ptb" names the missing jar."""
+    import importlib.util
+
+    package = tmp_path / "pycocoevalcap"
+    (package / "tokenizer").mkdir(parents=True)
+    spec = importlib.util.spec_from_file_location("pycocoevalcap", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "pycocoevalcap" else None)
+    monkeypatch.setattr(metrics.shutil, "which", lambda name: "/usr/bin/java")
+    assert metrics.resolve_tokenizer("auto") == "treebank"
+    with pytest.raises(ValueError, match="CoreNLP jar"):
+        metrics.resolve_tokenizer("ptb")
+    (package / "tokenizer" / "stanford-corenlp-3.4.1.jar").write_bytes(b"")
+    assert metrics.resolve_tokenizer("auto") == "ptb"
+
+
 def test_attention_sharpness_of_uniform_and_one_hot_attention():
     L = 49
     uniform = np.full((5, L), 1.0 / L)

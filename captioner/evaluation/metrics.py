@@ -31,6 +31,7 @@ import shutil
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,16 +87,31 @@ def _treebank(text: str) -> str:
     return _keeping_unk(_treebank_tokens, text)
 
 
+def _ptb_missing() -> str | None:
+    """Why coco-caption's PTB tokenizer cannot run here (None when it can): it needs Java on PATH and its CoreNLP
+    jar, which the slimmed pycocoevalcap of an offline GPU node leaves out (scripts/slim_pycocoevalcap.py)."""
+    import importlib.util
+
+    if shutil.which("java") is None:
+        return "Java (`java` on PATH)"
+    spec = importlib.util.find_spec("pycocoevalcap")
+    folder = Path(next(iter(spec.submodule_search_locations or []), "")) / "tokenizer" if spec else None
+    if folder is None or not any(folder.glob("stanford-corenlp-*.jar")):
+        return "pycocoevalcap's CoreNLP jar (a slimmed pycocoevalcap lacks it: pip install pycocoevalcap)"
+    return None
+
+
 def resolve_tokenizer(tokenizer: str = "auto") -> str:
-    """"auto" -> "ptb" when Java is on PATH (coco-caption's Stanford PTB tokenizer, what published
-    tables use), else "treebank" (nltk's, close to PTB). Explicit names are checked; "ptb" without
-    Java is an error."""
+    """"auto" -> "ptb" when Java and the tokenizer's jar are present (coco-caption's Stanford PTB tokenizer, what
+    published tables use), else "treebank" (nltk's, close to PTB). Explicit names are checked; "ptb" without
+    them is an error."""
     if tokenizer == "auto":
-        return "ptb" if shutil.which("java") is not None else "treebank"
+        return "ptb" if _ptb_missing() is None else "treebank"
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: auto, {', '.join(TOKENIZERS)}")
-    if tokenizer == "ptb" and shutil.which("java") is None:
-        raise ValueError("tokenizer 'ptb' needs Java (`java` on PATH); use 'treebank' or 'auto'")
+    missing = _ptb_missing() if tokenizer == "ptb" else None
+    if missing is not None:
+        raise ValueError(f"tokenizer 'ptb' needs {missing}; use 'treebank' or 'auto'")
     return tokenizer
 
 
