@@ -332,8 +332,9 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
     from captioner.config import load_config
     from captioner.data.datasets import GridCaptionDataset, build_vocab, collate_captions, load_records
     from captioner.training.inputs import open_feature_cache
-    from captioner.training.loop import _build_optimizer, _TrainForward
+    from captioner.training.loop import _TrainForward
     from captioner.training.objectives.registry import build_objective
+    from captioner.training.optim import optimizer_for
 
     ready = [row for row in rows if family.row_file(row).exists()]
     if not ready:
@@ -360,7 +361,7 @@ def measure_speed(family: Family, rows: Sequence[Row], repeats: int = 5, train_s
             batch, rows_in = inputs[row.name]
             model.train()
             forward = _TrainForward(model, from_images=False)
-            optimizer = _build_optimizer(cfg, model)
+            optimizer = optimizer_for(cfg, model)
             for step in range(train_steps + 1):  # the first step warms up (allocations, kernels)
                 start = time.perf_counter()
                 res = objective.loss(forward, batch)

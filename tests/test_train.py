@@ -280,7 +280,7 @@ def test_only_rank_zero_holds_validation_data(data_root, tmp_path, monkeypatch):
 
 def test_finetuning_reads_images_and_trains_encoder_with_its_lr(data_root, tmp_path, fake_scores, monkeypatch):
     seen = {}
-    real = train_mod._build_optimizer
+    real = train_mod.optimizer_for
 
     def spy(cfg, model):
         optimizer = real(cfg, model)
@@ -289,7 +289,7 @@ def test_finetuning_reads_images_and_trains_encoder_with_its_lr(data_root, tmp_p
         seen["model"] = model
         return optimizer
 
-    monkeypatch.setattr(train_mod, "_build_optimizer", spy)
+    monkeypatch.setattr(train_mod, "optimizer_for", spy)
     train(_cfg(data_root, tmp_path / "run", "train.epochs=1", "model.encoder.finetune_blocks=1",
                "train.encoder_lr=1.0e-3", "train.batch_size=32"))
     assert seen["lrs"] == [3.0e-3, 1.0e-3]
