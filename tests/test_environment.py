@@ -115,6 +115,15 @@ def test_the_gpu_check_collects_every_file_that_holds_gpu_tests_and_only_those()
     assert sorted(listed) == holding
 
 
+def test_make_test_reruns_every_file_that_holds_recorded_number_tests():
+    """`make test` reruns the `recorded` tests under two other CPU kernel sets, collecting only RECORDED_TEST_FILES:
+    a `recorded` test in another file would never be rerun; this names it."""
+    listed = re.search(r"^RECORDED_TEST_FILES := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    marker = "pytest.mark." + "recorded"  # spelt apart: this file holds no such test
+    holding = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marker in p.read_text())
+    assert sorted(listed) == holding
+
+
 def _check_list(variable: str) -> list[str]:
     """A list of scripts/gpu_check.sh (``NAME="a b c"``), which the Makefile reads too."""
     return re.search(rf'^{variable}="(.+)"$', (ROOT / "scripts" / "gpu_check.sh").read_text(), re.M).group(1).split()
