@@ -108,3 +108,41 @@ def test_caption_lengths_follow_the_stated_distribution():
     lengths = bench.caption_lengths(200_000, np.random.default_rng(1))
     assert abs(lengths.mean() - 10.5) < 0.05 and abs(lengths.std() - 2.5) < 0.1
     assert lengths.min() >= 5 and lengths.max() <= 30
+
+
+def test_steps_only_measures_the_training_steps_alone_and_writes_each_as_it_ends(tmp_path, capsys):
+    """--steps-only (the GPU check's): the training step at each batch size and nothing of the loader or the
+    processes; --out holds the results after each step (a time limit keeps them), the report a verdict per step."""
+    bench = load_bench_scale()
+    out = tmp_path / "steps.json"
+    written = []
+    real_write_text = Path.write_text
+
+    def spy(self, text, *args, **kwargs):
+        if self == out:
+            written.append(json.loads(text))
+        return real_write_text(self, text, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "STEP_BATCHES", (4, 8))
+        mp.setattr(Path, "write_text", spy)
+        assert bench.main(["--quick", "--tiny-model", "--steps-only", "--dir", str(tmp_path), "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert set(results["steps"]) == {"4", "8"} and results["loader"] == {}
+    assert "epoch" not in results and "rss" not in results and "projection" not in results
+    assert [sorted(w["steps"]) for w in written] == [["4"], ["4", "8"], ["4", "8"]]  # after each step, then the end
+    for r in results["steps"].values():
+        assert r["batches_per_s"] > 0 and r["gpu_busy_share"] is None and r["graph_replays_per_step"] is None
+    report = capsys.readouterr().out.splitlines()
+    assert report[-2:] == [f"verdict: step batch {b} eager: ok ({results['steps'][b]['batches_per_s']:.2f} batches/s "
+                           f"on cpu)" for b in ("4", "8")]
+
+
+def test_a_compiled_step_without_graph_replays_is_called_a_fall_back():
+    bench = load_bench_scale()
+    step = {"batch": 64, "compile": "cudagraphs", "batches_per_s": 10.0, "device": "cuda", "gpu_busy_share": 0.9,
+            "launches_per_step": 300.0, "graph_replays_per_step": 0.0}
+    assert "no CUDA-graph replay: fell back to eager" in bench.step_verdict(step)
+    assert bench.step_verdict({**step, "graph_replays_per_step": 1.0, "launches_per_step": 2.0}).startswith(
+        "verdict: step batch 64 cudagraphs: ok (10.00 batches/s, busy 90 %, 2 launches and 1 graph replays per step")
+    assert "GPU busy only 30 %" in bench.step_verdict({**step, "graph_replays_per_step": 1.0, "gpu_busy_share": 0.3})
