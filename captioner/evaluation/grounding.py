@@ -30,7 +30,8 @@ In both, a phrase's boxes are clipped to the photo and those left without area d
 rule supervised attention reads too): a phrase whose boxes all clip to nothing is scored in neither.
 
 Each figure is also given per phrase type (people, animals, clothing, body parts, scene, vehicles, other), the
-first type a phrase lists.
+first type a phrase lists. On the same words, the figures the literature reports, a box per word and its IoU with
+the object's boxes (GVD's grounding accuracy, F1_all and F1_loc), come from evaluation/localization.py.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from captioner.data.entities import ROWS, Entities, EntityImage, box_fractions, lemma
+from captioner.evaluation.localization import Localization
 from captioner.evaluation.metrics import cells_read
 
 FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
@@ -122,6 +124,8 @@ class BoxGrounding:
         self.one_cell = one_cell
         self.generated = GroundingTally(grid_hw)
         self.teacher_forced = GroundingTally(grid_hw)
+        classes = {key for photo in entities.images.values() for key in photo.boxed_heads()}
+        self.localization = Localization(grid_hw, frozenset(classes))
         self._heads: dict[str, dict[str, tuple[np.ndarray, str]]] = {}
         self.without_annotation = 0
 
@@ -144,13 +148,15 @@ class BoxGrounding:
         maps = _one_cell(alphas, locations) if self.one_cell or locations is not None else alphas
         self.generated.attended(maps)
         heads = self.heads(photo)
+        lemmas = [lemma(word) for word in words]
         scored = 0
-        for i, word in enumerate(words):
-            hit = heads.get(lemma(word))
+        for i, key in enumerate(lemmas):
+            hit = heads.get(key)
             if hit is not None:
                 self.generated.add(maps[i], hit[0], hit[1])
                 scored += 1
         self.generated.photos += scored > 0
+        self.localization.add_generated(lemmas, maps, {key: boxes for key, (boxes, _) in photo.boxed_heads().items()})
 
     def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,
                            max_length: int | None = None) -> None:
@@ -170,11 +176,13 @@ class BoxGrounding:
             if not boxes or phrase.head >= len(maps):
                 continue
             self.teacher_forced.add(maps[phrase.head], box_fractions(boxes, self.grid_hw), phrase.row)
+            self.localization.add_teacher_forced(maps[phrase.head], boxes, lemma(sentence.tokens[phrase.head]))
             scored += 1
         self.teacher_forced.photos += scored > 0
 
     def figures(self) -> dict[str, Any]:
         return {"generated": self.generated.figures(), "teacher_forced": self.teacher_forced.figures(),
+                "localization": self.localization.figures(),
                 "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
                 "source": str(self.entities.folder)}
 
@@ -224,4 +232,15 @@ def format_grounding(figures: dict[str, Any]) -> list[str]:
             rows.append(f"{label:<16}{f['words']:>7} {f['inside']:7.3f} {f['uniform']:6.3f} {f['mean_map']:6.3f} | "
                         f"{100 * f['pointing']:5.1f}% {100 * f['mean_map_pointing']:5.1f}% "
                         f"{100 * f['centre_pointing']:6.1f}%")
+    loc = figures.get("localization")
+    if loc:  # GVD's figures (evaluation/localization.py): a box per word, a hit at IoU above loc["iou"]
+        t, g = loc["teacher_forced"], loc["generated"]
+
+        def pct(value: float | None) -> str:
+            return "n/a" if value is None else f"{100 * value:.1f}%"
+
+        rows.append(f"IoU > {loc['iou']:g} (map at {loc['threshold']:g} of its max, largest region's box): "
+                    f"teacher-forced accuracy {pct(t['accuracy'])} over {t['classes']} classes "
+                    f"({pct(t['accuracy_words'])} of {t['words']} words); generated F1_all {pct(g['f1_all'])} "
+                    f"({g['classes_all']} classes), F1_loc {pct(g['f1_loc'])} ({g['classes_loc']} classes)")
     return rows

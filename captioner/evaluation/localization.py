@@ -1,0 +1,152 @@
+"""The grounding figures the literature reports on Flickr30k Entities: a box per word, and its IoU with the named
+object's boxes (GVD: Zhou et al., CVPR 2019, "Grounded Video Description", section 5 and its Flickr30k Entities
+evaluation, which POS-SCAN, Zhou et al., CVPR 2020, and later work reuse). docs/grounding.md defines them; here
+they are computed on the attention grid of a captioner.
+
+A word's box (``map_box``): its map (H, W) upsampled bilinearly to the photo (UPSAMPLE pixels per cell, in the
+photo's normalised [0, 1] coordinates, so the photo's own size does not matter), thresholded at THRESHOLD of its
+maximum, and the bounding box of the largest 4-connected region above it. A word *localises* its object when that
+box has an IoU above IOU_HIT with one of the boxes of the phrase it names. The thresholds are this project's
+choice (GVD's paper names neither); both are module constants, printed beside the figures.
+
+Two settings, as the pointing figures (evaluation/grounding.py), with an object's *class* the lemma of the head
+noun of its phrase:
+
+- teacher-forced, on the annotated references: ``accuracy``, the share of boxed head nouns that localise, per class
+  then averaged over the classes (GVD's grounding accuracy), and ``accuracy_words`` over words;
+- generated, on the model's own captions, per photo and class: the class is *named* when a word of the caption has
+  its lemma and *annotated* when a boxed phrase of the photo's references has that head noun; a named and annotated
+  class is *localised* when the first word naming it localises. Per class c over the photos, with L_c localised,
+  N_c named and A_c annotated: F1_all from precision L_c / N_c and recall L_c / A_c (a class named but not in the
+  photo, a hallucination, counts against precision, one annotated but never named against recall, as does a named
+  one put in the wrong place); F1_loc from localisation alone on the classes both named and annotated, L_c /
+  (named and annotated)_c (its precision and recall are that one share). Both are averaged over the classes that
+  occur (N_c + A_c > 0 for F1_all, named and annotated for F1_loc). Only classes that head some boxed phrase of
+  the evaluated photos count as objects: other words are neither hallucinations nor objects.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+Box = tuple[float, float, float, float]  # normalised [x0, y0, x1, y1]
+
+UPSAMPLE = 16  # pixels per grid cell of the upsampled map
+THRESHOLD = 0.5  # the share of the map's maximum that its region must reach
+IOU_HIT = 0.5  # a box localises an object when its IoU with one of the object's boxes is above this
+
+
+def upsample(a: np.ndarray, grid_hw: tuple[int, int], per_cell: int = UPSAMPLE) -> np.ndarray:
+    """(H * per_cell, W * per_cell): the map ``a`` (H*W,) bilinearly interpolated between the cell centres (the
+    edges held at the outer cells' values), as an image resize with half-pixel centres does."""
+    H, W = grid_hw
+    grid = np.asarray(a, dtype=np.float64).reshape(H, W)
+
+    def axis(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # the centre of output pixel i in cell units, minus the half cell to the first cell's centre
+        x = np.clip((np.arange(n * per_cell) + 0.5) / per_cell - 0.5, 0, n - 1)
+        lo = np.floor(x).astype(int)
+        hi = np.minimum(lo + 1, n - 1)
+        return lo, hi, x - lo
+
+    r0, r1, fr = axis(H)
+    c0, c1, fc = axis(W)
+    top = grid[r0][:, c0] * (1 - fc) + grid[r0][:, c1] * fc  # (H', W')
+    bottom = grid[r1][:, c0] * (1 - fc) + grid[r1][:, c1] * fc
+    return top * (1 - fr)[:, None] + bottom * fr[:, None]
+
+
+def map_box(a: np.ndarray, grid_hw: tuple[int, int], threshold: float = THRESHOLD,
+            per_cell: int = UPSAMPLE) -> Box:
+    """The normalised bounding box of the largest 4-connected region of the upsampled map at or above ``threshold``
+    of its maximum (the first such region in row-major order on a tie)."""
+    from scipy import ndimage
+
+    image = upsample(a, grid_hw, per_cell)  # (H', W')
+    labels, count = ndimage.label(image >= threshold * image.max())
+    if count == 0:  # a map of NaNs: no region, the whole photo
+        return (0.0, 0.0, 1.0, 1.0)
+    largest = 1 + int(np.argmax(np.bincount(labels.ravel())[1:]))  # regions are labelled 1..count
+    rows, cols = np.nonzero(labels == largest)
+    h, w = image.shape
+    return (cols.min() / w, rows.min() / h, (cols.max() + 1) / w, (rows.max() + 1) / h)
+
+
+def iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two normalised boxes [x0, y0, x1, y1]."""
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def localises(a: np.ndarray, boxes: Sequence[Sequence[float]], grid_hw: tuple[int, int]) -> bool:
+    """Whether the map's box has an IoU above IOU_HIT with one of ``boxes``."""
+    box = map_box(a, grid_hw)
+    return any(iou(box, b) > IOU_HIT for b in boxes)
+
+
+def _f1(precision: float, recall: float) -> float:
+    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+
+
+@dataclass
+class Localization:
+    """The IoU figures of one evaluation, filled word by word (teacher-forced) and photo by photo (generated).
+
+    Args:
+        grid_hw: (H, W) of the attention grid.
+        classes: every object class, the head-noun lemmas of the evaluated photos' boxed phrases.
+    """
+
+    grid_hw: tuple[int, int]
+    classes: frozenset[str]
+    teacher: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))
+    localised: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    named: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    annotated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    both: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add_teacher_forced(self, a: np.ndarray, boxes: Sequence[Box], cls: str) -> None:
+        """One boxed head noun of a reference, read teacher-forced: its map (L,) and its phrase's boxes."""
+        self.teacher[cls].append(localises(a, boxes, self.grid_hw))
+
+    def add_generated(self, lemmas: Sequence[str], maps: np.ndarray, annotated: dict[str, Sequence[Box]]) -> None:
+        """One generated caption: its words' lemmas and maps (n, L), and the photo's annotated classes -> their
+        boxes (every chain whose phrase has that head noun)."""
+        first: dict[str, int] = {}
+        for i, word in enumerate(lemmas):
+            if word in self.classes:
+                first.setdefault(word, i)
+        for cls in annotated:
+            self.annotated[cls] += 1
+        for cls, i in first.items():
+            self.named[cls] += 1
+            if cls in annotated:
+                self.both[cls] += 1
+                self.localised[cls] += localises(maps[i], annotated[cls], self.grid_hw)
+
+    def figures(self) -> dict[str, Any]:
+        """{"teacher_forced": {accuracy, accuracy_words, words, classes}, "generated": {f1_all, f1_loc,
+        precision_all, recall_all, classes_all, classes_loc}, the thresholds}; a figure None where nothing counts."""
+        per_class = [float(np.mean(v)) for v in self.teacher.values() if v]
+        words = [h for v in self.teacher.values() for h in v]
+        teacher = {"accuracy": float(np.mean(per_class)) if per_class else None,
+                   "accuracy_words": float(np.mean(words)) if words else None,
+                   "words": len(words), "classes": len(per_class)}
+        occurring = sorted(set(self.named) | set(self.annotated))
+        precision = [self.localised[c] / self.named[c] if self.named[c] else 0.0 for c in occurring]
+        recall = [self.localised[c] / self.annotated[c] if self.annotated[c] else 0.0 for c in occurring]
+        located = [self.localised[c] / self.both[c] for c in sorted(self.both) if self.both[c]]
+        generated = {"f1_all": float(np.mean([_f1(p, r) for p, r in zip(precision, recall)])) if occurring else None,
+                     "precision_all": float(np.mean(precision)) if occurring else None,
+                     "recall_all": float(np.mean(recall)) if occurring else None,
+                     "f1_loc": float(np.mean(located)) if located else None,
+                     "classes_all": len(occurring), "classes_loc": len(located)}
+        return {"teacher_forced": teacher, "generated": generated, "threshold": THRESHOLD, "iou": IOU_HIT,
+                "upsample": UPSAMPLE}
