@@ -10,7 +10,7 @@ from entities_fixture import write_photo  # tests/entities_fixture.py
 
 from captioner.data.entities import read_entities
 from captioner.evaluation.grounding import BoxGrounding, format_grounding
-from captioner.evaluation.localization import Localization, iou, localises, map_box, upsample
+from captioner.evaluation.localization import Localization, frequent_classes, iou, localises, map_box, upsample
 
 GRID = (4, 4)
 
@@ -63,12 +63,14 @@ def test_accuracy_and_f1_by_hand():
     loc.add_teacher_forced(cell(0), [cell_box(0)], "dog")
     loc.add_teacher_forced(cell(15), [cell_box(0)], "dog")
     loc.add_teacher_forced(cell(5), [cell_box(5)], "man")
+    loc.add_teacher_forced(cell(5), [cell_box(5)], "stairs")  # no object class: not scored
     # photo 1: the dog named and found; a frisbee named that is not there; the ball there, not named
     loc.add_generated(["a", "dog", "catch", "a", "frisbee"], np.stack([cell(3)] * 5),
                       {"dog": [cell_box(3)], "ball": [cell_box(9)]})
     # photo 2: the man named in the wrong place; the dog named twice, its first word found
     maps = np.stack([cell(0), cell(6), cell(0), cell(0), cell(10), cell(0)])
-    loc.add_generated(["a", "man", "with", "a", "dog", "dog"], maps, {"man": [cell_box(5)], "dog": [cell_box(10)]})
+    loc.add_generated(["a", "man", "with", "a", "dog", "dog"], maps,
+                      {"man": [cell_box(5)], "dog": [cell_box(10)], "stairs": [cell_box(0)]})  # stairs: no class
     f = loc.figures()
     t, g = f["teacher_forced"], f["generated"]
     assert t == {"accuracy": pytest.approx(0.75), "accuracy_words": pytest.approx(2 / 3), "words": 3, "classes": 2}
@@ -86,7 +88,8 @@ def test_box_grounding_reports_them_from_the_published_files(tmp_path):
     write_photo(tmp_path, "300", ["[/EN#1/people A man] walks [/EN#2/animals a dog] ."], (100, 100),
                 {"1": [(1, 1, 25, 25)], "2": [(76, 76, 100, 100)]})
     entities = read_entities(tmp_path, ["300_x"])
-    grounding = BoxGrounding(entities, GRID)
+    assert frequent_classes(entities.images.values(), 2) == frozenset()  # each boxed in one photo only
+    grounding = BoxGrounding(entities, GRID, class_photos=1)
     photo = entities.get("300_x")
     alphas = np.stack([cell(5), cell(0), cell(5), cell(5), cell(0)])  # a man walks a dog: the dog's map misses
     grounding.add_teacher_forced(photo, 0, alphas)
@@ -97,5 +100,5 @@ def test_box_grounding_reports_them_from_the_published_files(tmp_path):
     assert loc["generated"]["f1_loc"] == 0.5 and loc["generated"]["classes_all"] == 2
     assert loc["generated"]["f1_all"] == pytest.approx(0.5)
     line = format_grounding(grounding.figures())[-1]
-    assert line.startswith("IoU > 0.5 (map at 0.5 of its max")
+    assert line.startswith("IoU > 0.5 (map at 0.5 of its max, largest region's box; 2 object classes, boxed in 1+")
     assert "teacher-forced accuracy 50.0% over 2 classes" in line

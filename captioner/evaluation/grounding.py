@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from captioner.data.entities import ROWS, Entities, EntityImage, box_fractions, lemma
-from captioner.evaluation.localization import Localization
+from captioner.evaluation.localization import CLASS_PHOTOS, Localization, frequent_classes
 from captioner.evaluation.metrics import cells_read
 
 FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
@@ -116,16 +116,19 @@ class BoxGrounding:
         entities: the annotations of the photos evaluated (data.entities.read_entities).
         grid_hw: (H, W) of the attention grid.
         one_cell: the maps scored are the cells read (hard attention's one-cell decoding), not alpha.
+        class_photos: the IoU figures' object classes are the head nouns boxed in at least this many of the
+            photos (evaluation/localization.py: CLASS_PHOTOS).
     """
 
-    def __init__(self, entities: Entities, grid_hw: tuple[int, int], one_cell: bool = False) -> None:
+    def __init__(self, entities: Entities, grid_hw: tuple[int, int], one_cell: bool = False,
+                 class_photos: int = CLASS_PHOTOS) -> None:
         self.entities = entities
         self.grid_hw = grid_hw
         self.one_cell = one_cell
         self.generated = GroundingTally(grid_hw)
         self.teacher_forced = GroundingTally(grid_hw)
-        classes = {key for photo in entities.images.values() for key in photo.boxed_heads()}
-        self.localization = Localization(grid_hw, frozenset(classes))
+        self.class_photos = class_photos
+        self.localization = Localization(grid_hw, frequent_classes(entities.images.values(), class_photos))
         self._heads: dict[str, dict[str, tuple[np.ndarray, str]]] = {}
         self.without_annotation = 0
 
@@ -182,7 +185,7 @@ class BoxGrounding:
 
     def figures(self) -> dict[str, Any]:
         return {"generated": self.generated.figures(), "teacher_forced": self.teacher_forced.figures(),
-                "localization": self.localization.figures(),
+                "localization": {**self.localization.figures(), "class_photos": self.class_photos},
                 "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
                 "source": str(self.entities.folder)}
 
@@ -239,7 +242,8 @@ def format_grounding(figures: dict[str, Any]) -> list[str]:
         def pct(value: float | None) -> str:
             return "n/a" if value is None else f"{100 * value:.1f}%"
 
-        rows.append(f"IoU > {loc['iou']:g} (map at {loc['threshold']:g} of its max, largest region's box): "
+        rows.append(f"IoU > {loc['iou']:g} (map at {loc['threshold']:g} of its max, largest region's box; "
+                    f"{loc['object_classes']} object classes, boxed in {loc['class_photos']}+ photos): "
                     f"teacher-forced accuracy {pct(t['accuracy'])} over {t['classes']} classes "
                     f"({pct(t['accuracy_words'])} of {t['words']} words); generated F1_all {pct(g['f1_all'])} "
                     f"({g['classes_all']} classes), F1_loc {pct(g['f1_loc'])} ({g['classes_loc']} classes)")
