@@ -25,17 +25,23 @@ def _driver():
     return module
 
 
-def _args(tmp_path: Path, *extra: str) -> list[str]:
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """One smoke data set and feature cache for the module's driver runs: made by the first row trained, read after."""
+    return tmp_path_factory.mktemp("family_data")
+
+
+def _args(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
     return ["--config", str(REPO / "configs" / "smoke.yaml"), "--epochs", "1", "--runs", str(tmp_path / "runs"),
             "--json", str(tmp_path / "docs" / "family" / "family.json"), "--doc", str(tmp_path / "docs" / "family.md"),
-            "--plots", str(tmp_path / "docs" / "family"), "--set", f"data.root={tmp_path / 'data'}",
+            "--plots", str(tmp_path / "docs" / "family"), "--set", f"data.root={data_root}",
             "--set", "train.num_threads=1", "--scoring", "quick", "--entities", "", *extra]
 
 
 @pytest.mark.slow
-def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_resumes_one(tmp_path, capsys):
+def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_resumes_one(tmp_path, data_root, capsys):
     family = _driver()
-    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path)]) == 0
+    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path, data_root)]) == 0
     out = capsys.readouterr().out
     assert "[1/2] soft_additive" in out and "[2/2] soft_dot" in out and "left" in out  # progress and time left
     payload = json.loads((tmp_path / "docs" / "family" / "family.json").read_text())
@@ -53,11 +59,12 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     # a second run skips both rows (no training: the checkpoints stay as they were)
     best = tmp_path / "runs" / "soft_dot" / "best.pt"
     stamp = best.stat().st_mtime_ns
-    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path)]) == 0
+    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path, data_root)]) == 0
     assert "soft_dot: done" in capsys.readouterr().out and best.stat().st_mtime_ns == stamp
 
     # the speed phase: the two rows taking turns, their figures in the table
-    assert family.main(["speed", "--rows", "soft_additive,soft_dot", "--repeats", "2", *_args(tmp_path)]) == 0
+    assert family.main(["speed", "--rows", "soft_additive,soft_dot", "--repeats", "2",
+                        *_args(tmp_path, data_root)]) == 0
     speed = json.loads((tmp_path / "docs" / "family" / "speed.json").read_text())["rows"]
     assert set(speed) == {"soft_additive", "soft_dot"}
     assert all(v["train_captions_per_s"] > 0 and v["decode_images_per_s"] > 0 for v in speed.values())
@@ -70,14 +77,14 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     doc.write_text("# Family\n\nprose before\n\n" + page[page.index(family.TABLE_START):] + "\nprose after\n")
     (tmp_path / "docs" / "family" / "pointer.json").write_text(json.dumps(
         {"cpu": "test CPU", "rows": [{"length": 5, "steps": 30, "exact_match": 0.5, "train_s": 1.0}]}))
-    assert family.main(["report", *_args(tmp_path)]) == 0
+    assert family.main(["report", *_args(tmp_path, data_root)]) == 0
     text = doc.read_text()
     assert "prose before" in text and "prose after" in text and "| soft, dot product |" in text
     assert "| 5 | 30 | 50.0 % | 1 s |" in text  # the pointer table, from its JSON
 
     # an interrupted row (its evaluation lost, training one epoch short of a larger budget) resumes from last.pt
     (tmp_path / "docs" / "family" / "rows" / "soft_additive.json").unlink()
-    assert family.main(["run", "--rows", "soft_additive", *_args(tmp_path, "--epochs", "2")]) == 0
+    assert family.main(["run", "--rows", "soft_additive", *_args(tmp_path, data_root, "--epochs", "2")]) == 0
     log = (tmp_path / "runs" / "soft_additive" / "family.log").read_text()
     assert "--resume" in log and "resuming" in log
     history = [json.loads(line) for line in
@@ -86,7 +93,7 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
 
     # --fresh trains and measures a finished row again (it used to print "done, skipped" and keep the old figures)
     capsys.readouterr()
-    assert family.main(["run", "--rows", "soft_dot", "--fresh", *_args(tmp_path)]) == 0
+    assert family.main(["run", "--rows", "soft_dot", "--fresh", *_args(tmp_path, data_root)]) == 0
     out = capsys.readouterr().out
     assert "soft_dot: done" not in out and "[1/1] soft_dot" in out and best.stat().st_mtime_ns != stamp
     row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
@@ -99,13 +106,13 @@ def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_res
     from tests.entities_fixture import write_photo
 
     entities = tmp_path / "entities"
-    cfg = load_config(REPO / "configs" / "smoke.yaml", [f"data.root={tmp_path / 'data'}"])
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [f"data.root={data_root}"])
     for record in load_records(cfg.data, "val"):
         write_photo(entities, record.image_id.split("_")[0],
                     ["[/EN#1/other a red circle] over [/EN#2/other a square] ."], (64, 64),
                     {"1": [(1, 1, 32, 64)], "2": [(33, 1, 64, 64)]})
     stamp = best.stat().st_mtime_ns
-    assert family.main(["boxes", "--rows", "soft_dot", *_args(tmp_path), "--entities", str(entities)]) == 0
+    assert family.main(["boxes", "--rows", "soft_dot", *_args(tmp_path, data_root), "--entities", str(entities)]) == 0
     row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
     assert best.stat().st_mtime_ns == stamp and row["evaluate"]["boxes"]["teacher_forced"]["words"] == 2 * 6
     assert 0 <= row["correctness_tf"] <= 1 and 0 <= row["pointing_tf"] <= 1
@@ -202,9 +209,9 @@ def test_head_figures_on_crafted_maps_tell_heads_on_one_cell_from_heads_apart():
 
 
 @pytest.mark.slow
-def test_the_heads_phase_measures_a_trained_multi_head_row_and_reports_it(tmp_path, capsys):
+def test_the_heads_phase_measures_a_trained_multi_head_row_and_reports_it(tmp_path, data_root, capsys):
     family = _driver()
-    args = _args(tmp_path)
+    args = _args(tmp_path, data_root)
     assert family.main(["run", "--rows", "multi_head_4,soft_dot", *args]) == 0
     assert family.main(["heads", "--rows", "multi_head_4,soft_dot", "--head-images", "6", *args]) == 0
     heads = json.loads((tmp_path / "docs" / "family" / "heads.json").read_text())["rows"]

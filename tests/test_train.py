@@ -220,15 +220,21 @@ def test_validation_predictions_are_what_evaluate_decodes(data_root, tmp_path, m
     assert len(validated) == len(records) and any(validated.values())
 
 
+def _extract(data_root: Path) -> None:
+    """`captioner extract` of the smoke data, in this process (a subprocess would start torch again for a cache that
+    the tests before have usually filled already)."""
+    from captioner.commands.extract import main as extract
+
+    assert extract(["--config", str(SMOKE), "--set", f"data.root={data_root}", "--device", "cpu",
+                    "--no-progress"]) == 0
+
+
 @pytest.mark.slow
 def test_ddp_two_cpu_processes_agree(data_root, tmp_path):
     pytest.importorskip("captioner.evaluation.metrics")
     # Under torchrun an incomplete feature cache is refused (extraction on rank 0 would outlast the other ranks'
     # wait), so the grids are extracted first, in one process, as docs/usage.md tells a researcher to.
-    extract = subprocess.run([sys.executable, "-m", "captioner", "extract", "--config", str(SMOKE), "--set",
-                              f"data.root={data_root}", "--device", "cpu", "--no-progress"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
-    assert extract.returncode == 0, extract.stderr[-3000:]
+    _extract(data_root)
     run_dir = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
@@ -322,10 +328,7 @@ def test_under_torchrun_a_rank_zero_failure_stops_every_rank_within_seconds(data
     """Rank 0 failing between validation and the collectives after it (here: no METEOR score to choose by, Java
     being off the PATH) left rank 1 waiting in the next collective until the process group's timeout (an hour).
     Its error is now broadcast first: both ranks exit, rank 1 saying that rank 0 failed."""
-    extract = subprocess.run([sys.executable, "-m", "captioner", "extract", "--config", str(SMOKE), "--set",
-                              f"data.root={data_root}", "--device", "cpu", "--no-progress"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
-    assert extract.returncode == 0, extract.stderr[-3000:]
+    _extract(data_root)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "captioner", "train", "--config", str(SMOKE), "--set", f"data.root={data_root}",
            "--set", f"train.run_dir={tmp_path / 'ddp'}", "--set", "train.num_threads=1", "--set", "train.epochs=2",
