@@ -79,6 +79,12 @@ def test_accuracy_and_f1_by_hand():
     assert g["recall_all"] == pytest.approx((0 + 1 + 0 + 0) / 4)
     assert g["f1_all"] == pytest.approx((0 + 1 + 0 + 0) / 4) and g["classes_all"] == 4
     assert g["f1_loc"] == pytest.approx((1 + 0) / 2) and g["classes_loc"] == 2  # dog 2 of 2, man 0 of 1
+    # the baselines on the same words: the whole photo never fits a one-cell box; the centre cell (index 10) is the
+    # second photo's dog
+    whole, centre = f["baselines"]["whole_photo"], f["baselines"]["centre_cell"]
+    assert whole["accuracy"] == 0.0 and whole["f1_all"] == 0.0 and whole["f1_loc"] == 0.0
+    assert centre["accuracy"] == 0.0 and centre["f1_loc"] == pytest.approx((0.5 + 0) / 2)
+    assert centre["f1_all"] == pytest.approx((0 + 0.5 + 0 + 0) / 4)  # dog: precision 1/2, recall 1/2
     empty = Localization(GRID, frozenset()).figures()
     assert empty["teacher_forced"]["accuracy"] is None and empty["generated"]["f1_all"] is None
 
@@ -99,6 +105,7 @@ def test_box_grounding_reports_them_from_the_published_files(tmp_path):
     # generated: man found, dog named in the man's cell; "cat" heads no boxed phrase, so it is no object
     assert loc["generated"]["f1_loc"] == 0.5 and loc["generated"]["classes_all"] == 2
     assert loc["generated"]["f1_all"] == pytest.approx(0.5)
-    line = format_grounding(grounding.figures())[-1]
+    line, baselines = format_grounding(grounding.figures())[-2:]
+    assert baselines.startswith("  the same words' whole photo / centre cell: accuracy 0.0% / 0.0%")
     assert line.startswith("IoU > 0.5 (map at 0.5 of its max, largest region's box; 2 object classes, boxed in 1+")
     assert "teacher-forced accuracy 50.0% over 2 classes" in line

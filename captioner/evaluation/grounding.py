@@ -247,4 +247,8 @@ def format_grounding(figures: dict[str, Any]) -> list[str]:
                     f"teacher-forced accuracy {pct(t['accuracy'])} over {t['classes']} classes "
                     f"({pct(t['accuracy_words'])} of {t['words']} words); generated F1_all {pct(g['f1_all'])} "
                     f"({g['classes_all']} classes), F1_loc {pct(g['f1_loc'])} ({g['classes_loc']} classes)")
+        b = loc["baselines"]
+        rows.append("  the same words' whole photo / centre cell: " + ", ".join(
+            f"{name} {pct(b['whole_photo'][key])} / {pct(b['centre_cell'][key])}"
+            for name, key in (("accuracy", "accuracy"), ("F1_all", "f1_all"), ("F1_loc", "f1_loc"))))
     return rows

@@ -23,6 +23,9 @@ noun of its phrase:
   (named and annotated)_c (its precision and recall are that one share). Both are averaged over the classes that
   occur (N_c + A_c > 0 for F1_all, named and annotated for F1_loc).
 
+Beside each figure, on the same words, two boxes that need no model: the whole photo (what a uniform map gives)
+and the grid's centre cell.
+
 The object classes are the frequent ones, as GVD's are (its Flickr30k Entities evaluation keeps a fixed list of
 frequent object classes): here the head nouns boxed in at least CLASS_PHOTOS of the evaluated photos. A word of
 another class is no object (neither scored nor a hallucination); without the cut, the hundreds of nouns boxed once
@@ -92,8 +95,7 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
 
 def localises(a: np.ndarray, boxes: Sequence[Sequence[float]], grid_hw: tuple[int, int]) -> bool:
     """Whether the map's box has an IoU above IOU_HIT with one of ``boxes``."""
-    box = map_box(a, grid_hw)
-    return any(iou(box, b) > IOU_HIT for b in boxes)
+    return _hits(map_box(a, grid_hw), boxes)
 
 
 def frequent_classes(photos: Iterable[Any], min_photos: int = CLASS_PHOTOS) -> frozenset[str]:
@@ -108,28 +110,50 @@ def _f1(precision: float, recall: float) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
+METHODS = ("model", "whole_photo", "centre_cell")  # the model's boxes, then two boxes that need no model
+
+
+def baseline_boxes(grid_hw: tuple[int, int]) -> dict[str, Box]:
+    """The boxes of the two baselines: the whole photo (what a uniform map gives) and the grid's centre cell
+    (photographers centre their subjects)."""
+    H, W = grid_hw
+    r, c = H // 2, W // 2
+    return {"whole_photo": (0.0, 0.0, 1.0, 1.0), "centre_cell": (c / W, r / H, (c + 1) / W, (r + 1) / H)}
+
+
+def _hits(box: Sequence[float], boxes: Sequence[Sequence[float]]) -> bool:
+    return any(iou(box, b) > IOU_HIT for b in boxes)
+
+
 @dataclass
 class Localization:
-    """The IoU figures of one evaluation, filled word by word (teacher-forced) and photo by photo (generated).
+    """The IoU figures of one evaluation, filled word by word (teacher-forced) and photo by photo (generated), for
+    the model's maps and, on the same words, the two baselines' boxes (``baseline_boxes``).
 
     Args:
         grid_hw: (H, W) of the attention grid.
-        classes: every object class, the head-noun lemmas of the evaluated photos' boxed phrases.
+        classes: the object classes (``frequent_classes``).
     """
 
     grid_hw: tuple[int, int]
     classes: frozenset[str]
-    teacher: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))
-    localised: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # method -> class -> hits (teacher-forced) / localised photos (generated)
+    teacher: dict[str, dict[str, list[bool]]] = field(
+        default_factory=lambda: {m: defaultdict(list) for m in METHODS})
+    localised: dict[str, dict[str, int]] = field(default_factory=lambda: {m: defaultdict(int) for m in METHODS})
     named: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     annotated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     both: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def _boxes(self, a: np.ndarray) -> dict[str, Box]:
+        return {"model": map_box(a, self.grid_hw), **baseline_boxes(self.grid_hw)}
 
     def add_teacher_forced(self, a: np.ndarray, boxes: Sequence[Box], cls: str) -> None:
         """One boxed head noun of a reference, read teacher-forced: its map (L,) and its phrase's boxes (a noun of
         no object class is not scored)."""
         if cls in self.classes:
-            self.teacher[cls].append(localises(a, boxes, self.grid_hw))
+            for method, box in self._boxes(a).items():
+                self.teacher[method][cls].append(_hits(box, boxes))
 
     def add_generated(self, lemmas: Sequence[str], maps: np.ndarray, annotated: dict[str, Sequence[Box]]) -> None:
         """One generated caption: its words' lemmas and maps (n, L), and the photo's annotated classes -> their
@@ -145,24 +169,36 @@ class Localization:
             self.named[cls] += 1
             if cls in annotated:
                 self.both[cls] += 1
-                self.localised[cls] += localises(maps[i], annotated[cls], self.grid_hw)
+                for method, box in self._boxes(maps[i]).items():
+                    self.localised[method][cls] += _hits(box, annotated[cls])
+
+    def _method_figures(self, method: str) -> dict[str, Any]:
+        teacher = self.teacher[method]
+        per_class = [float(np.mean(v)) for v in teacher.values() if v]
+        words = [h for v in teacher.values() for h in v]
+        localised = self.localised[method]
+        occurring = sorted(set(self.named) | set(self.annotated))
+        precision = [localised[c] / self.named[c] if self.named[c] else 0.0 for c in occurring]
+        recall = [localised[c] / self.annotated[c] if self.annotated[c] else 0.0 for c in occurring]
+        located = [localised[c] / self.both[c] for c in sorted(self.both) if self.both[c]]
+        return {"accuracy": float(np.mean(per_class)) if per_class else None,
+                "accuracy_words": float(np.mean(words)) if words else None,
+                "f1_all": float(np.mean([_f1(p, r) for p, r in zip(precision, recall)])) if occurring else None,
+                "precision_all": float(np.mean(precision)) if occurring else None,
+                "recall_all": float(np.mean(recall)) if occurring else None,
+                "f1_loc": float(np.mean(located)) if located else None}
 
     def figures(self) -> dict[str, Any]:
         """{"teacher_forced": {accuracy, accuracy_words, words, classes}, "generated": {f1_all, f1_loc,
-        precision_all, recall_all, classes_all, classes_loc}, the thresholds}; a figure None where nothing counts."""
-        per_class = [float(np.mean(v)) for v in self.teacher.values() if v]
-        words = [h for v in self.teacher.values() for h in v]
-        teacher = {"accuracy": float(np.mean(per_class)) if per_class else None,
-                   "accuracy_words": float(np.mean(words)) if words else None,
-                   "words": len(words), "classes": len(per_class)}
-        occurring = sorted(set(self.named) | set(self.annotated))
-        precision = [self.localised[c] / self.named[c] if self.named[c] else 0.0 for c in occurring]
-        recall = [self.localised[c] / self.annotated[c] if self.annotated[c] else 0.0 for c in occurring]
-        located = [self.localised[c] / self.both[c] for c in sorted(self.both) if self.both[c]]
-        generated = {"f1_all": float(np.mean([_f1(p, r) for p, r in zip(precision, recall)])) if occurring else None,
-                     "precision_all": float(np.mean(precision)) if occurring else None,
-                     "recall_all": float(np.mean(recall)) if occurring else None,
-                     "f1_loc": float(np.mean(located)) if located else None,
-                     "classes_all": len(occurring), "classes_loc": len(located)}
-        return {"teacher_forced": teacher, "generated": generated, "threshold": THRESHOLD, "iou": IOU_HIT,
-                "upsample": UPSAMPLE, "object_classes": len(self.classes)}
+        precision_all, recall_all, classes_all, classes_loc}, "baselines": {whole_photo, centre_cell: the same
+        figures of their boxes on the same words}, the thresholds}; a figure None where nothing counts."""
+        model = self._method_figures("model")
+        teacher = {k: model[k] for k in ("accuracy", "accuracy_words")}
+        teacher.update(words=sum(len(v) for v in self.teacher["model"].values()),
+                       classes=sum(1 for v in self.teacher["model"].values() if v))
+        generated = {k: model[k] for k in ("f1_all", "precision_all", "recall_all", "f1_loc")}
+        generated.update(classes_all=len(set(self.named) | set(self.annotated)),
+                         classes_loc=sum(1 for c in self.both if self.both[c]))
+        return {"teacher_forced": teacher, "generated": generated,
+                "baselines": {m: self._method_figures(m) for m in METHODS[1:]},
+                "threshold": THRESHOLD, "iou": IOU_HIT, "upsample": UPSAMPLE, "object_classes": len(self.classes)}
