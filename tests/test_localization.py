@@ -109,3 +109,14 @@ def test_box_grounding_reports_them_from_the_published_files(tmp_path):
     assert baselines.startswith("  the same words' whole photo / centre cell: accuracy 0.0% / 0.0%")
     assert line.startswith("IoU > 0.5 (map at 0.5 of its max, largest region's box; 2 object classes, boxed in 1+")
     assert "teacher-forced accuracy 50.0% over 2 classes" in line
+
+
+def test_validation_leaves_the_iou_figures_out(tmp_path):
+    """Validation reports pointing only: its BoxGrounding computes no box per word (no map_box on its hot path)."""
+    write_photo(tmp_path, "301", ["[/EN#1/people A man] walks ."], (100, 100), {"1": [(1, 1, 25, 25)]})
+    entities = read_entities(tmp_path, ["301_x"])
+    grounding = BoxGrounding(entities, GRID, localization=False)
+    grounding.add_generated("301_x", ["a", "man", "walks"], np.stack([cell(0)] * 3))
+    figures = grounding.figures()
+    assert figures["localization"] is None and figures["generated"]["pointing"] == 1.0
+    assert not any(line.startswith("IoU") for line in format_grounding(figures))

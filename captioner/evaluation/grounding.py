@@ -116,26 +116,29 @@ class BoxGrounding:
         entities: the annotations of the photos evaluated (data.entities.read_entities).
         grid_hw: (H, W) of the attention grid.
         one_cell: the maps scored are the cells read (hard attention's one-cell decoding), not alpha.
+        localization: also the IoU figures (evaluation/localization.py; validation, which reports pointing only,
+            leaves them out).
         class_photos: the IoU figures' object classes are the head nouns boxed in at least this many of the
-            photos (evaluation/localization.py: CLASS_PHOTOS).
+            photos (localization.CLASS_PHOTOS).
     """
 
     def __init__(self, entities: Entities, grid_hw: tuple[int, int], one_cell: bool = False,
-                 class_photos: int = CLASS_PHOTOS) -> None:
+                 localization: bool = True, class_photos: int = CLASS_PHOTOS) -> None:
         self.entities = entities
         self.grid_hw = grid_hw
         self.one_cell = one_cell
         self.generated = GroundingTally(grid_hw)
         self.teacher_forced = GroundingTally(grid_hw)
         self.class_photos = class_photos
-        self.localization = Localization(grid_hw, frequent_classes(entities.images.values(), class_photos))
-        self._heads: dict[str, dict[str, tuple[np.ndarray, str]]] = {}
+        self.localization = (Localization(grid_hw, frequent_classes(entities.images.values(), class_photos))
+                             if localization else None)
+        self._heads: dict[str, dict[str, tuple[np.ndarray, str, list]]] = {}
         self.without_annotation = 0
 
-    def heads(self, photo: EntityImage) -> dict[str, tuple[np.ndarray, str]]:
-        """lemma -> (cell fractions of its boxes, row), per photo, computed once."""
+    def heads(self, photo: EntityImage) -> dict[str, tuple[np.ndarray, str, list]]:
+        """lemma -> (cell fractions of its boxes, row, the boxes), per photo, computed once."""
         if photo.image_id not in self._heads:
-            self._heads[photo.image_id] = {key: (box_fractions(boxes, self.grid_hw), row)
+            self._heads[photo.image_id] = {key: (box_fractions(boxes, self.grid_hw), row, boxes)
                                            for key, (boxes, row) in photo.boxed_heads().items()}
         return self._heads[photo.image_id]
 
@@ -159,7 +162,8 @@ class BoxGrounding:
                 self.generated.add(maps[i], hit[0], hit[1])
                 scored += 1
         self.generated.photos += scored > 0
-        self.localization.add_generated(lemmas, maps, {key: boxes for key, (boxes, _) in photo.boxed_heads().items()})
+        if self.localization is not None:
+            self.localization.add_generated(lemmas, maps, {key: hit[2] for key, hit in heads.items()})
 
     def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,
                            max_length: int | None = None) -> None:
@@ -179,13 +183,16 @@ class BoxGrounding:
             if not boxes or phrase.head >= len(maps):
                 continue
             self.teacher_forced.add(maps[phrase.head], box_fractions(boxes, self.grid_hw), phrase.row)
-            self.localization.add_teacher_forced(maps[phrase.head], boxes, lemma(sentence.tokens[phrase.head]))
+            if self.localization is not None:
+                self.localization.add_teacher_forced(maps[phrase.head], boxes, lemma(sentence.tokens[phrase.head]))
             scored += 1
         self.teacher_forced.photos += scored > 0
 
     def figures(self) -> dict[str, Any]:
+        localization = None if self.localization is None else {**self.localization.figures(),
+                                                               "class_photos": self.class_photos}
         return {"generated": self.generated.figures(), "teacher_forced": self.teacher_forced.figures(),
-                "localization": {**self.localization.figures(), "class_photos": self.class_photos},
+                "localization": localization,
                 "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
                 "source": str(self.entities.folder)}
 

@@ -76,7 +76,8 @@ def _box_figures(model: nn.Module, cfg: Config, records: list, reads: dict, opti
     from captioner.models.attention import ONE_CELL_MODES
 
     one_cell = options.attention_mode in ONE_CELL_MODES
-    grounding = BoxGrounding(read_entities(cfg.data.entities, list(reads)), model.grid_hw, one_cell=one_cell)
+    grounding = BoxGrounding(read_entities(cfg.data.entities, list(reads)), model.grid_hw, one_cell=one_cell,
+                             localization=False)
     for image_id, (words, alphas, cells) in reads.items():
         grounding.add_generated(image_id, words, alphas, cells if one_cell else None)
     g = grounding.generated.figures()
