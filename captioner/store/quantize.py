@@ -3,9 +3,9 @@
 Each floating matrix (a tensor of two or more dimensions, viewed as rows of its last dimension) is cut into groups
 of ``GROUP`` consecutive entries of a row; each group keeps one float16 scale, its largest magnitude over 127, and
 its entries as round(x / scale) in int8 (symmetric absmax quantization; the finer the groups, the less one large
-weight costs its neighbours: per-row scales, tried first, changed 11 in 300 captions of the shipped model). Vectors
-(biases, gates) stay float16: they are few and a scale per entry would save nothing. Reading gives float32:
-``q * scale``.
+weight costs its neighbours: per-row scales changed 11 in 300 captions of the shipped model, as issue 61
+reports). Vectors (biases, gates) stay float16: they are few and a scale per entry would save nothing. Reading
+gives float32: ``q * scale``.
 
 In the safetensors file the int8 tensor keeps its name and shape, and its scales sit beside it under
 ``NAME + SCALE_SUFFIX`` with shape (rows, groups); no state-dict key contains the suffix's ``#``.

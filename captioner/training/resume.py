@@ -135,6 +135,9 @@ def resume_payload(cfg: Config, resume: str | None, world: int) -> dict | None:
     return payload
 
 
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")  # a missing path ending so is a checkpoint file not found
+
+
 def nothing_to_resume(resume: str) -> bool:
     """Whether ``--resume`` names a run folder that holds no last.pt yet: a job preempted before its first epoch
     ended, or one its scheduler has not started (the folder may not exist). A scheduler's requeue passes the same
@@ -150,8 +153,6 @@ def nothing_to_resume(resume: str) -> bool:
     # is a shipped model's name or looks like a checkpoint file, whose absence resume_payload reports
     return not is_shipped_name(resume) and Path(resume).suffix not in CHECKPOINT_SUFFIXES
 
-
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")  # a missing path ending so is a checkpoint file not found
 
 
 def _require_latest_state(ckpt_file: Path, payload: dict, resume: str) -> None:
