@@ -26,6 +26,7 @@ from captioner.names import SCST_BASELINES
 from captioner.registration import Family
 
 PREFIX = "train.objective"
+GROUNDING_LOSSES = ("cross_entropy", "mass")  # train.objective.grounding_loss
 
 
 def check_label_smoothing(value: float) -> None:
@@ -44,9 +45,15 @@ class ObjectiveConfig:
     # Liu et al. (AAAI 2017)'s strong supervision: weight of the cross-entropy between each boxed word's box map
     # (Flickr30k Entities, data.entities) and its alpha, per supervised word (losses.attention_supervision_loss)
     grounding_weight: float = 0.0
+    # what that term is: "cross_entropy", Liu et al.'s -sum_l p_l log alpha_l towards the box map p (its cells'
+    # shares of the boxes raised to grounding_power, normalised: 1 is the plain map, larger is sharper); "mass",
+    # -log sum_l f_l alpha_l with f_l the share of cell l inside the boxes: the log of alpha's mass inside them,
+    # which any map inside the boxes maximises (losses.attention_mass_loss)
+    grounding_loss: str = "cross_entropy"
+    grounding_power: float = 1.0
     # True: trains hard attention only (its location policy); False: never hard attention; None: either
     HARD: ClassVar[bool | None] = None
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"grounding_loss": GROUNDING_LOSSES}
     POSITIVE: ClassVar[tuple[str, ...]] = ()
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("grounding_weight",)
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ()
@@ -65,12 +72,26 @@ class ObjectiveConfig:
                 + f"; use one of {kinds}")
 
     def unread(self, hard: bool) -> dict[str, str]:
-        """The keys of this section a run with (or without) hard attention would ignore: key path -> why."""
+        """The keys of this section a run with (or without) hard attention would ignore: key path -> why (the
+        grounding term's and the objective's own, ``own_unread``)."""
+        unread = self.own_unread(hard)
+        if not self.grounding_weight:
+            unread.update({f"{PREFIX}.{key}": "the grounding term is off (grounding_weight: 0)"
+                           for key in ("grounding_loss", "grounding_power")})
+        elif self.grounding_loss == "mass":
+            unread[f"{PREFIX}.grounding_power"] = "the mass term reads the boxes' cell shares as they are"
+        return unread
+
+    def own_unread(self, hard: bool) -> dict[str, str]:
+        """The objective's own keys that a run with (or without) hard attention would ignore."""
         return {}
 
     def check_decoder(self, family: Any) -> None:
         """ValueError, naming the key, for a setting the decoder family (its ``model.decoder`` section, whose
-        class-level flags say what it has) cannot train with."""
+        class-level flags say what it has) cannot train with; and the grounding term's power."""
+        if not self.grounding_power >= 1.0:
+            raise ValueError(f"{PREFIX}.grounding_power: must be >= 1 (1: the plain box map), got "
+                             f"{self.grounding_power!r}")
         if self.grounding_weight > 0 and not family.WORD_ALPHA:
             raise ValueError(f"{PREFIX}.grounding_weight: the {family.kind} decoder has no per-word alpha to "
                              "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
@@ -121,7 +142,7 @@ class CrossEntropyConfig(ObjectiveConfig):
             raise ValueError(f"{PREFIX}.scheduled_sampling_start: an epoch (0-based), or -1 for none; got "
                              f"{self.scheduled_sampling_start}")
 
-    def unread(self, hard: bool) -> dict[str, str]:
+    def own_unread(self, hard: bool) -> dict[str, str]:
         if self.scheduled_sampling_start >= 0:
             return {}
         return {f"{PREFIX}.{key}": "scheduled sampling is off (scheduled_sampling_start: -1)"
@@ -159,7 +180,7 @@ class _LocationPolicyConfig(CrossEntropyConfig):
 
     compile_refusal = ObjectiveConfig.compile_refusal  # it samples cells (its decoder refuses first: hard attention)
 
-    def unread(self, hard: bool) -> dict[str, str]:
+    def own_unread(self, hard: bool) -> dict[str, str]:
         why = "the location policy's reward is each caption's plain log-likelihood of the reference's words"
         return {f"{PREFIX}.{key}": why for key in ("label_smoothing", "scheduled_sampling_start", *self.SCHEDULE_KEYS)}
 
@@ -251,7 +272,7 @@ class SelfCriticalConfig(ObjectiveConfig):
     xe_weight: float = 0.0  # a teacher-forced cross-entropy term on one reference per image (Paulus et al. 2018)
     label_smoothing: float = 0.0  # epsilon of that term's label smoothing (as xe's); 0: none
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"baseline": SCST_BASELINES,
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {**ObjectiveConfig.CHOICES, "baseline": SCST_BASELINES,
                                                      "attention_mode": ("sample", "argmax")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight", "grounding_weight")
@@ -264,7 +285,7 @@ class SelfCriticalConfig(ObjectiveConfig):
         if self.entropy_weight != SelfCriticalConfig.entropy_weight and self.entropy_weight < 0:
             raise ValueError(f"{PREFIX}.entropy_weight: must be >= 0, got {self.entropy_weight!r}")
 
-    def unread(self, hard: bool) -> dict[str, str]:
+    def own_unread(self, hard: bool) -> dict[str, str]:
         unread = {} if self.xe_weight else {
             f"{PREFIX}.label_smoothing": "it smooths the xe_weight term, which is 0 (SCST's own loss has no target)"}
         if not hard:

@@ -78,6 +78,15 @@ def steps() -> list[dict]:
                 "train": [["train", "--config", f"configs/flickr8k_hard_grounded_from_soft{stage}.yaml",
                            "--set", f"train.objective.grounding_weight={w}"]
                           for stage in ("", "_scst", "_scst_more")]})
+    # issue 62: the recipe for a default that scores and points (configs/flickr8k_soft_pointing*.yaml)
+    out.append({"name": "soft_pointing", "model": "runs/flickr8k_soft_pointing/best.pt",
+                "train": [["train", "--config", "configs/flickr8k_soft_pointing.yaml"]]})
+    out.append({"name": "soft_pointing_scst_more", "model": "runs/flickr8k_soft_pointing_scst_more/averaged.pt",
+                "train": [["train", "--config", f"configs/flickr8k_soft_pointing{stage}.yaml"]
+                          for stage in ("", "_scst", "_scst_more")]})
+    out.append({"name": "hard_pointing", "model": "runs/flickr8k_hard_pointing_from_soft_scst_more/averaged.pt",
+                "train": [["train", "--config", f"configs/flickr8k_hard_pointing_from_soft{stage}.yaml"]
+                          for stage in ("", "_scst", "_scst_more")]})
     return out
 
 
@@ -145,6 +154,9 @@ LABELS = {
     "soft_grounded_scst": "soft, XE then SCST, both with supervised attention",
     "soft_grounded_scst_more": "soft, the shipped recipe (XE, SCST, SCST, averaged) with supervised attention",
     "hard_grounded": "hard from that model, the shipped hard chain (LOO, SCST, SCST, averaged) with supervision",
+    "soft_pointing": "soft, XE (8 epochs) with label smoothing, scheduled sampling and the mass term, no penalty",
+    "soft_pointing_scst_more": "soft, that XE stage then SCST, SCST (averaged), the mass term kept throughout",
+    "hard_pointing": "hard from that model, the shipped hard chain (LOO, SCST, SCST, averaged), the mass term kept",
     **{sweep_name(w): f"soft, XE 2 epochs, grounding_weight {w:g}" + (" (control)" if w == 0 else "") for w in SWEEP},
 }
 TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"

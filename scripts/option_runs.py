@@ -48,6 +48,9 @@ def steps() -> list[dict]:
         {"name": "updown", "model": "runs/flickr8k_updown_scst_more/averaged.pt",
          "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
                    for stage in ("", "_scst", "_scst_more")]},
+        {"name": "updown_steady", "model": "runs/flickr8k_updown_scst_steady_more/averaged.pt",
+         "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
+                   for stage in ("", "_scst_steady", "_scst_steady_more")]},
     ]
 
 
@@ -59,7 +62,8 @@ LABELS = {
     "updown_xe": "Up-Down, `flickr8k_updown.yaml` (the XE stage with `decoder.kind: updown`)",
 }
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
-                 "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)"}
+                 "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
+                 "updown_steady": "Up-Down, the first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)"}
 TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
 SHIPPED = ROOT / "docs" / "grounding" / "rows" / "shipped_soft.json"
 
@@ -82,8 +86,8 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
     control = rows.get("xe_control")
     lines = [head[0].format("cross-entropy stage"), head[1]]
     lines += [_row(label, rows[name], control) for name, label in LABELS.items() if name in rows]
-    recipe = {"shipped_soft": shipped, "updown": rows.get("updown")}
-    if recipe["updown"] is not None and shipped is not None:
+    recipe = {"shipped_soft": shipped, **{name: rows[name] for name in ("updown", "updown_steady") if name in rows}}
+    if len(recipe) > 1 and shipped is not None:
         lines += ["", head[0].format("whole recipe"), head[1]]
         lines += [_row(RECIPE_LABELS[name], r, shipped) for name, r in recipe.items()]
     lines += ["", "Commands (each row's training, then its evaluation):", ""]

@@ -18,7 +18,7 @@ from captioner.data.datasets import build_vocab, collate_captions, load_records
 from captioner.data.entities import read_entities
 from captioner.training.inputs import make_datasets
 from captioner.training.loop import _TrainForward
-from captioner.training.losses import attention_supervision_loss
+from captioner.training.losses import attention_mass_loss, attention_supervision_loss
 from captioner.training.objectives.base import BoxTargets
 from captioner.training.objectives.registry import build_objective
 from tests.entities_fixture import write_flickr_like
@@ -32,6 +32,19 @@ def test_the_term_is_the_cross_entropy_of_alpha_against_the_box_map_on_supervise
     total, count = attention_supervision_loss(alphas, maps, torch.tensor([[True, False]]))
     assert count.item() == 1
     assert total.item() == pytest.approx(-(0.5 * math.log(0.5) + 0.5 * math.log(0.25)), rel=1e-6)
+
+
+def test_the_mass_term_is_minus_the_log_of_alphas_share_inside_the_boxes_on_supervised_steps_only():
+    alphas = torch.tensor([[[0.5, 0.25, 0.125, 0.125], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]]])  # (1, 3, 4)
+    shares = torch.tensor([[[1.0, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.25, 0.25]]])
+    total, count = attention_mass_loss(alphas, shares, torch.tensor([[True, False, True]]))
+    assert count.item() == 2
+    inside = [1.0 * 0.5 + 0.5 * 0.25, 0.25 * 0.1 + 0.25 * 0.1]  # 0.625, 0.05
+    assert total.item() == pytest.approx(-(math.log(inside[0]) + math.log(inside[1])), rel=1e-6)
+    # any map wholly inside cells the boxes cover reaches the minimum, however it spreads there
+    whole = torch.tensor([[[0.9, 0.1, 0.0, 0.0]]])
+    assert attention_mass_loss(whole, torch.tensor([[[1.0, 1.0, 0.0, 0.0]]]), torch.tensor([[True]]))[0].item() \
+        == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +91,50 @@ def test_box_maps_go_to_the_boxed_words_of_each_photo_and_flip_with_a_mirrored_c
     assert torch.allclose(again, left.flip(-1))  # the mirrored copy of photo 0: its map flipped
     assert torch.allclose(maps[0, 2], torch.full((H * W,), 1.0 / (H * W)))  # the grass: the whole photo
     assert torch.allclose(maps.sum(-1), hit.float())
+
+
+def test_the_mass_term_reads_the_cells_shares_and_a_power_sharpens_the_map(data, tmp_path):
+    cfg = _cfg(data, tmp_path)
+    model, vocab, train_set = _built(cfg)
+    records = train_set.records[:2]
+    entities = read_entities(cfg.data.entities, [r.image_id for r in records])
+    tokens = torch.tensor([[vocab.id("square")]] * 2)
+    images = torch.tensor([0, 1])
+    plain, _ = BoxTargets(records, entities, vocab, model.grid_hw).lookup(images, tokens)
+    shares, _ = BoxTargets(records, entities, vocab, model.grid_hw, "mass").lookup(images, tokens)
+    sharp, _ = BoxTargets(records, entities, vocab, model.grid_hw, "cross_entropy", 3.0).lookup(images, tokens)
+    assert shares.max() <= 1.0 + 1e-6 and (shares.amax(-1) > 0).all()
+    # the plain map is the shares normalised; the power-3 map is the cubed shares normalised: by hand, per cell
+    assert torch.allclose(plain, shares / shares.sum(-1, keepdim=True), atol=1e-6)
+    assert torch.allclose(sharp, shares ** 3 / (shares ** 3).sum(-1, keepdim=True), atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "mass"])
+def test_an_objective_adds_the_term_it_names(data, tmp_path, loss):
+    cfg = _cfg(data, tmp_path, "xe", 1.0, f"train.objective.grounding_loss={loss}")
+    model, vocab, train_set = _built(cfg)
+    objective = build_objective(cfg, model, train_set, from_images=True)
+    batch = collate_captions([train_set[i] for i in range(4)])
+    maps, hit = objective.box_targets.lookup(batch.indices, batch.captions[:, 1:])
+    model.eval()  # dropout off, so the two forwards read the same alphas
+    got = objective.total_loss(_TrainForward(model, from_images=True), batch).parts["grounding"]
+    out = _TrainForward(model, from_images=True)(batch.inputs, batch.captions, batch.lengths,
+                                                 attention_mode="expectation")
+    want, n = (attention_mass_loss if loss == "mass" else attention_supervision_loss)(out.alphas, maps,
+                                                                                       hit & out.mask)
+    assert got.item() == pytest.approx((want / n).item(), rel=1e-5)
+
+
+def test_the_grounding_terms_keys_are_checked_and_refused_where_unread(data, tmp_path):
+    with pytest.raises(ConfigError, match="grounding_loss: 'peak' is not one of cross_entropy, mass"):
+        _cfg(data, tmp_path, "xe", 1.0, "train.objective.grounding_loss=peak")
+    with pytest.raises(ConfigError, match="grounding_power: must be >= 1"):
+        _cfg(data, tmp_path, "xe", 1.0, "train.objective.grounding_power=0.5")
+    with pytest.raises(ConfigError, match="grounding_power.*mass term reads the boxes' cell shares"):
+        _cfg(data, tmp_path, "xe", 1.0, "train.objective.grounding_loss=mass", "train.objective.grounding_power=2")
+    with pytest.raises(ConfigError, match="grounding_loss.*grounding term is off"):
+        _cfg(data, tmp_path, "scst", 0.0, "train.objective.grounding_loss=mass")
+    assert _cfg(data, tmp_path, "xe", 1.0, "train.objective.grounding_power=2").train.objective.grounding_power == 2
 
 
 @pytest.mark.parametrize("kind", ["xe", "reinforce", "loo", "gumbel", "scst"])

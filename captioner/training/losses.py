@@ -107,6 +107,26 @@ def attention_supervision_loss(alphas: Tensor, target_maps: Tensor, supervised: 
     return (ce * m).sum(), m.sum()
 
 
+def attention_mass_loss(alphas: Tensor, shares: Tensor, supervised: Tensor) -> tuple[Tensor, Tensor]:
+    """The mass form of supervised attention: at every supervised step, -log Σ_l f_l α_l, where f_l is the share
+    of cell l's area inside the word's boxes. Σ_l f_l α_l is α's mass inside the boxes (the "α inside" figure of
+    evaluation.metrics.grounding_from_mask, on the grid); any map inside them reaches the minimum 0, so it asks for
+    the mass, not for Liu et al.'s spread over the whole box.
+
+    Args:
+        alphas: (N, T, L) the maps of the steps.
+        shares: (N, T, L) f, in [0, 1], some f_l > 0 on each supervised row.
+        supervised: (N, T) bool: the steps whose word lies in a boxed phrase (and is a real step).
+
+    Returns:
+        (the sum of the terms, the number of supervised steps), as attention_supervision_loss.
+    """
+    a = _at_least_float32(alphas)
+    inside = (shares.to(a.dtype) * a).sum(-1)  # (N, T)
+    m = supervised.to(a.dtype)
+    return (-torch.log(inside.clamp(min=1e-12)) * m).sum(), m.sum()
+
+
 def soft_attention_loss(output: Any, targets: Tensor, alpha_c: float = 1.0, alpha_entropy: float = 0.0,
                         label_smoothing: float = 0.0) -> LossOutput:
     """Soft (deterministic) attention, Eq. (14). ``output`` is a DecoderOutput, targets = captions[:, 1:].

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from captioner.training.losses import LossOutput, attention_supervision_loss
+from captioner.training.losses import LossOutput, attention_mass_loss, attention_supervision_loss
 
 
 @dataclass
@@ -46,9 +46,13 @@ class BoxTargets:
         entities: their annotations (data.entities.read_entities).
         vocab: the model's vocabulary.
         grid_hw: (H, W) of the attention grid.
+        loss: ``train.objective.grounding_loss``: "cross_entropy" keeps the map (the shares raised to ``power``,
+            normalised over the grid); "mass" keeps the cells' shares inside the boxes as they are.
+        power: ``train.objective.grounding_power`` (cross_entropy only): 1, the plain map; larger, sharper.
     """
 
-    def __init__(self, records: Sequence[Any], entities: Any, vocab: Any, grid_hw: tuple[int, int]) -> None:
+    def __init__(self, records: Sequence[Any], entities: Any, vocab: Any, grid_hw: tuple[int, int],
+                 loss: str = "cross_entropy", power: float = 1.0) -> None:
         from captioner.data.entities import box_fractions, lemma
 
         H, W = grid_hw
@@ -69,7 +73,7 @@ class BoxTargets:
                     f = f.reshape(H, W)[:, ::-1].reshape(H * W)
                 for word_id in ids_of[head]:
                     keys.append(index * V + word_id)
-                    maps.append(f / f.sum())
+                    maps.append(f if loss == "mass" else f ** power / (f ** power).sum())
         order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
         self.keys = torch.from_numpy(np.asarray(keys, dtype=np.int64)[order])  # (K,) sorted image * V + word
         self.maps = torch.from_numpy(np.asarray(maps, dtype=np.float32).reshape(-1, H * W)[order])  # (K, L)
@@ -123,6 +127,7 @@ class Objective:
     def __init__(self, section: Any, needs: Needs) -> None:
         self.section = section
         self.box_targets = needs.box_targets if section.grounding_weight > 0 else None
+        self.grounding_term = attention_mass_loss if section.grounding_loss == "mass" else attention_supervision_loss
 
     def loss(self, forward: nn.Module, batch: Any) -> LossOutput:
         """One batch's objective. ``forward`` is the training loop's _TrainForward (DDP-wrapped or not)."""
@@ -144,7 +149,7 @@ class Objective:
             images = batch.indices if rows is None else batch.indices.index_select(0, rows.cpu())
             targets = captions[:, 1:]  # (N, T-1): step t predicts token t + 1
             maps, hit = self.box_targets.lookup(images, targets)
-            ce_sum, n = attention_supervision_loss(out.alphas, maps, hit & out.mask)
+            ce_sum, n = self.grounding_term(out.alphas, maps, hit & out.mask)
             total, count, words = total + ce_sum, count + n, words + out.mask.sum()
         term = total / words.clamp(min=1)
         parts = {**res.parts, "grounding": (total / count.clamp(min=1)).detach(),

@@ -28,7 +28,9 @@ def box_targets(cfg: Config, model: nn.Module, train_set: Any) -> BoxTargets:
     from captioner.data.entities import read_entities
 
     entities = read_entities(cfg.data.entities, [r.image_id for r in train_set.records])
-    targets = BoxTargets(train_set.records, entities, model.vocab, model.grid_hw)
+    section = cfg.train.objective
+    targets = BoxTargets(train_set.records, entities, model.vocab, model.grid_hw, section.grounding_loss,
+                         section.grounding_power)
     if not len(targets):
         raise ConfigError(f"train.objective.grounding_weight: no word of the training captions names a boxed phrase "
                           f"in {cfg.data.entities} ({entities.summary()}): is it these photos' Flickr30k Entities?")
