@@ -166,14 +166,41 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
+def iou_figures(r: dict) -> str:
+    """GVD's figures of a row (evaluation/localization.py), each beside the whole photo's and the centre cell's
+    box on the same words: teacher-forced accuracy per class, F1_all, F1_loc; '-' for a row evaluated before
+    they existed."""
+    loc = r["boxes"].get("localization")
+    if not loc:
+        return "-"
+    base = loc["baselines"]
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    def fig(model: float | None, key: str) -> str:
+        mark = "-" if model is None else f"{pct(model)} %"
+        return f"{mark} ({pct(base['whole_photo'][key])} / {pct(base['centre_cell'][key])} %)"
+
+    return (f"{fig(loc['teacher_forced']['accuracy'], 'accuracy')} / {fig(loc['generated']['f1_all'], 'f1_all')} / "
+            f"{fig(loc['generated']['f1_loc'], 'f1_loc')}")
+
+
+def movement(r: dict) -> str:
+    """Cells per caption, the share of words whose peak cell moves, the mean α maximum."""
+    return f"{r['cells_per_caption']:.2f}, {100 * r['cell_changes']:.1f} %, {r['alpha_max']:.3f}"
+
+
 def format_report() -> str:
-    """The page's generated part: captions, box figures (generated and teacher-forced, with their baselines),
-    mirror figures and wall times of every finished row, then the generated figures by phrase type."""
+    """The page's generated part: captions, box figures (generated and teacher-forced, with their baselines), GVD's
+    IoU figures, movement and mirror figures and wall times of every finished row, then the generated figures by
+    phrase type."""
     rows = [(name, r) for name in LABELS if (r := _read(name)) is not None]
     lines = ["| model | BLEU-4 | METEOR | CIDEr-D | own captions: words / α inside (uniform, mean map) / pointing "
              "(mean map, centre) | references, teacher-forced: α inside (uniform, mean map) / pointing (centre) "
-             "| mirror: α / columns / stay | train + evaluate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| IoU > 0.5: teacher-forced accuracy / F1_all / F1_loc (whole photo / centre cell) "
+             "| cells/caption, cell changes, α max | mirror: α / columns / stay | train + evaluate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows:
         g, t, s = r["boxes"]["generated"], r["boxes"]["teacher_forced"], r["scores"]
         lines.append(
@@ -182,7 +209,8 @@ def format_report() -> str:
             f"**{100 * g['pointing']:.1f} %** ({100 * g['mean_map_pointing']:.1f}, "
             f"{100 * g['centre_pointing']:.1f} %) | "
             f"{t['inside']:.3f} ({t['uniform']:.3f}, {t['mean_map']:.3f}) / {100 * t['pointing']:.1f} % "
-            f"({100 * t['centre_pointing']:.1f} %) | {100 * r['mirror_follow']:.1f} % / "
+            f"({100 * t['centre_pointing']:.1f} %) | {iou_figures(r)} | {movement(r)} | "
+            f"{100 * r['mirror_follow']:.1f} % / "
             f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | "
             f"{minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} + {minutes(r['evaluate_wall_s'])} |")
     lines += ["", "By phrase type, own captions: pointing (centre cell) and words", "",

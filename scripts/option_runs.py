@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from grounding_runs import ROOT, minutes, replace_between, train_and_evaluate
+from grounding_runs import ROOT, iou_figures, minutes, movement, replace_between, train_and_evaluate
 
 ROWS = ROOT / "docs" / "training-options" / "rows"
 XE = "configs/flickr8k_soft.yaml"
@@ -63,7 +63,7 @@ LABELS = {
 }
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
-                 "updown_steady": "Up-Down, the first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)"}
+                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)"}
 TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
 SHIPPED = ROOT / "docs" / "grounding" / "rows" / "shipped_soft.json"
 
@@ -74,7 +74,8 @@ def _row(label: str, r: dict, against: dict | None) -> str:
     wall = minutes(r["train_wall_s"]) if r.get("train_commands") else "shipped"
     return (f"| {label} | {s['BLEU-4']:.1f} | {s['METEOR']:.1f} | {s['ROUGE-L']:.1f} | {s['CIDEr-D']:.2f}{delta} | "
             f"{100 * g['pointing']:.1f} % ({100 * g['centre_pointing']:.1f} %) / {g['inside']:.3f} "
-            f"({g['uniform']:.3f}, {g['mean_map']:.3f}) | {100 * r['mirror_follow']:.1f} % / "
+            f"({g['uniform']:.3f}, {g['mean_map']:.3f}) | {iou_figures(r)} | {movement(r)} | "
+            f"{100 * r['mirror_follow']:.1f} % / "
             f"{100 * r['columns_mirror']:.1f} % / {100 * r['columns_stay']:.1f} % | {wall} |")
 
 
@@ -82,7 +83,9 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
     """The cross-entropy rows (CIDEr-D against `xe_control`), then Up-Down's whole recipe against the shipped soft
     model, then every row's commands."""
     head = ["| {} | BLEU-4 | METEOR | ROUGE-L | CIDEr-D | boxes: pointing (centre) / inside (uniform, mean map) "
-            "| mirror α / columns / stay | train wall |", "|---|---|---|---|---|---|---|---|"]
+            "| IoU > 0.5: teacher-forced accuracy / F1_all / F1_loc (whole photo / centre cell) "
+            "| cells/caption, cell changes, α max | mirror α / columns / stay | train wall |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     control = rows.get("xe_control")
     lines = [head[0].format("cross-entropy stage"), head[1]]
     lines += [_row(label, rows[name], control) for name, label in LABELS.items() if name in rows]

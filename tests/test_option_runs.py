@@ -17,6 +17,7 @@ def _row(cider: float, pointing: float, wall: float, trained: bool = True) -> di
     return {"scores": {"BLEU-4": 20.04, "METEOR": 20.38, "ROUGE-L": 45.3, "CIDEr-D": cider},
             "boxes": {"generated": {"pointing": pointing, "centre_pointing": 0.65, "inside": 0.55, "uniform": 0.372,
                                     "mean_map": 0.414}},
+            "cells_per_caption": 6.45, "cell_changes": 0.764, "alpha_max": 0.162,
             "mirror_follow": 0.976, "columns_mirror": 0.536, "columns_stay": 0.094, "train_wall_s": wall,
             "train_commands": ["captioner train --config c.yaml"] if trained else [],
             "evaluate_command": "captioner evaluate --checkpoint m.pt"}
@@ -27,7 +28,7 @@ def test_each_option_row_states_its_cider_against_the_control_and_its_box_figure
     text = option_runs.format_report(rows, shipped=None)
     smoothing = next(line for line in text.splitlines() if line.startswith("| label smoothing 0.1 |"))
     assert "| 52.00 (+1.36) |" in smoothing
-    assert "| 60.0 % (65.0 %) / 0.550 (0.372, 0.414) |" in smoothing
+    assert "| 60.0 % (65.0 %) / 0.550 (0.372, 0.414) | - | 6.45, 76.4 %, 0.162 |" in smoothing  # no IoU figures
     assert smoothing.endswith("| 40 min 0 s |")
     control = next(line for line in text.splitlines() if line.startswith("| `xe_control`"))
     assert "| 50.64 |" in control  # the control is not compared with itself
@@ -40,6 +41,18 @@ def test_up_down_is_compared_with_the_shipped_soft_model_once_its_recipe_is_done
     recipe = text.split("whole recipe", 1)[1]
     assert "| 57.36 | " in recipe and "| shipped |" in recipe
     assert "| 55.86 (-1.50) |" in recipe
+
+
+def test_the_iou_figures_stand_beside_the_whole_photos_and_the_centre_cells():
+    row = _row(52.0, 0.60, 2400.0)
+    figures = {"accuracy": 0.194, "f1_all": 0.056, "f1_loc": 0.301}
+    row["boxes"]["localization"] = {
+        "teacher_forced": {"accuracy": 0.265, "accuracy_words": 0.347},
+        "generated": {"f1_all": 0.067, "f1_loc": None},  # None: no class both named and annotated
+        "baselines": {"whole_photo": figures, "centre_cell": {"accuracy": 0.003, "f1_all": 0.0, "f1_loc": 0.002}}}
+    line = next(line for line in option_runs.format_report({"scheduled_sampling": row}, None).splitlines()
+                if line.startswith("| scheduled sampling"))
+    assert "| 26.5 % (19.4 / 0.3 %) / 6.7 % (5.6 / 0.0 %) / - (30.1 / 0.2 %) |" in line
 
 
 def test_the_generated_part_is_replaced_between_the_markers_and_nothing_else(tmp_path):
