@@ -25,6 +25,15 @@ from typing import Any, Iterable
 
 import yaml
 
+# config files (a path or a shipped name) and their chains of bases: config_files.py, below this module
+from captioner.config_files import (  # noqa: F401 - CONFIG_DIR, resolve_config_path, shipped_configs: used from here
+    CONFIG_DIR,
+    ConfigError,
+    read_config_file,
+    resolve_config_path,
+    shipped_configs,
+)
+
 # eval's decoding settings default to DecodeOptions' (torch-free): one default each, there
 from captioner.decoding.options import DecodeOptions
 
@@ -40,10 +49,6 @@ from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 # (captioner/objective_sections.py, torch-free, on the floor: not the objectives' code in training/)
 from captioner.objective_sections import OBJECTIVES, ObjectiveConfig
 from captioner.registration import Family
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key path."""
 
 
 @dataclass
@@ -233,6 +238,11 @@ def _section_class(cls: type, kind: Any) -> type:
         return _KINDED[cls].section(kind)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def kinded_family_defaults() -> dict[str, str]:
+    """The kinded sections' key paths -> their default kind (what a merge of config files must know)."""
+    return {family.where: family.default for family in _KINDED.values()}
 
 
 def kinded_section(where: str, kind: Any) -> type:
@@ -531,38 +541,13 @@ def apply_override(data: dict, text: str) -> None:
     node[parts[-1]] = value
 
 
-# The configs shipped with the package (``configs/`` in a checkout is a link to this folder).
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-
-
-def shipped_configs() -> dict[str, Path]:
-    """Name -> file of every config shipped with the package (e.g. "flickr8k_soft")."""
-    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
-
-
-def resolve_config_path(path: str | Path) -> Path:
-    """A config file path, or the name of a shipped config (``flickr8k_soft`` or ``flickr8k_soft.yaml``)."""
-    candidate = Path(path)
-    if candidate.is_file():
-        return candidate
-    shipped = shipped_configs()
-    name = candidate.stem if candidate.suffix in (".yaml", ".yml") and len(candidate.parts) == 1 else str(path)
-    if name in shipped:
-        return shipped[name]
-    raise ConfigError(f"config file not found: {path} (shipped configs, usable by name: {', '.join(shipped)})")
-
-
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (only the keys it changes; a path or a shipped config's name) and apply
-    ``key=value`` overrides."""
-    data: dict = {}
-    if path is not None:
-        path = resolve_config_path(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    return config_from_file_data(data, overrides, source=path)
+    """Read a YAML config (only the keys it changes, over its chain of bases: config_files.py; a path or a shipped
+    config's name) and apply ``key=value`` overrides."""
+    if path is None:
+        return config_from_file_data({}, overrides)
+    file = read_config_file(path, kinded_family_defaults())
+    return config_from_file_data(file.data, overrides, source=file.chain[0])
 
 
 def config_from_file_data(data: Any, overrides: Iterable[str] = (), source: str | Path | None = None) -> Config:
