@@ -6,8 +6,8 @@ are type-checked and range-checked, and the resolved config writes to YAML and r
 back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
 ``captioner/api.py`` is the one place that turns this into constructor arguments; field
 names equal those arguments' names. The allowed names of scorers, attentions, decoding modes and data
-formats come from ``captioner/names.py``, a torch-free table below both this module and the code (whose
-registries, ``SCORERS``, ``ATTENTIONS``, ``LOADERS``, a test holds equal to it). ``model.decoder`` is the
+formats come from ``captioner/names.py``, torch-free, below both this module and the code (its registries,
+``SCORERS``, ``ATTENTIONS``, ``DATA_FORMATS``, name each one's code as a lazy path). ``model.decoder`` is the
 section of the decoder family ``model.decoder.kind`` names: a dataclass that family owns, with its keys, its
 checks and the ``model.attention`` keys it reads (``captioner/models/decoders/``: family.py and each family's
 torch-free ``*_config.py``). Loading a config imports neither torch, the models' code nor the data readers.

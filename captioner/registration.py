@@ -68,3 +68,34 @@ def build(section: Any, *args: Any, of: type | None = None, **kwargs: Any) -> An
     ``kwargs``: what builds a decoder (models/decoders/registry.py) and an objective (training/objectives/
     registry.py)."""
     return implementation(section, of)(*args, **kwargs)
+
+
+class Registry:
+    """The named things of one kind that a config picks by name without a section of their own: scorers
+    (``model.attention.scorer``), attention reads (``model.attention.attention``), data formats (``data.format``),
+    grounding sources. Each name maps to a lazy ``"module:attr"`` path, so the names are known torch-free (the
+    config checks a choice against them) and the thing is imported only when used (``get``). Adding one is its
+    code and one line in its table (``captioner/names.py``)."""
+
+    def __init__(self, where: str, paths: dict[str, str]) -> None:
+        self.where, self.paths = where, dict(paths)
+
+    def get(self, name: Any) -> Any:
+        """The thing ``name`` names, imported now; ValueError naming the valid names for any other value, an
+        ImportError naming the path when it does not resolve."""
+        if not isinstance(name, str) or name not in self.paths:
+            raise ValueError(f"{self.where}: {name!r} is not one of {', '.join(self.paths)}")
+        module, _, attr = self.paths[name].partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ImportError(f"{self.where} {name!r}: {self.paths[name]!r} does not resolve: {err}") from err
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.paths
+
+    def __len__(self) -> int:
+        return len(self.paths)

@@ -15,7 +15,7 @@ from captioner.config import AttentionConfig, load_config
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search
-from captioner.models.attention import ATTENTIONS
+from captioner.names import ATTENTIONS
 from captioner.models.decoders import DECODERS, ShowAttendTellConfig
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
 from captioner.models.decoders.registry import build_decoder
