@@ -19,13 +19,11 @@ from typing import Any, Mapping
 
 import yaml
 
+from captioner.registration import ConfigError
+
 BASE_KEY = "base"
 # The configs shipped with the package (``configs/`` in a checkout is a link to this folder).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file, key or value (config.py raises it too)."""
 
 
 def shipped_configs() -> dict[str, Path]:
