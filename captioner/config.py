@@ -34,7 +34,7 @@ from captioner.config_files import (  # noqa: F401 - CONFIG_DIR, resolve_config_
 )
 
 # eval's decoding settings default to DecodeOptions' (torch-free): one default each, there
-from captioner.decoding.options import DecodeOptions
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
 
 # model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
 # (captioner/models/decoders/: its torch-free config modules, not the models)
@@ -181,6 +181,10 @@ class EvalConfig:
     # no word that would repeat a trigram of its caption (every decode reads it)
     block_trigrams: bool = DecodeOptions.block_trigrams
     attention_mode: str = DecodeOptions.attention_mode  # hard attention decoding: expectation | argmax | sample
+    # diverse beam search (decoding/diverse.py): beam_size split into beam_groups groups, each penalised
+    # diversity per beam of an earlier group that chose the same word; 1 and 0: plain beam search
+    beam_groups: int = DecodeOptions.beam_groups
+    diversity: float = DecodeOptions.diversity
     batch_size: int = 32
     mirror_check: bool = False  # per-epoch validation also captions the val photos mirrored (evaluate --mirror-check)
     tf32: bool = True  # on CUDA, caption / evaluate / serve run float32 matmuls in TF32 (runtime.enable_tf32)
@@ -319,6 +323,11 @@ def validate(cfg: Config) -> None:
     if cfg.train.objective.grounding_weight > 0 and not cfg.data.entities:
         raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, but "
                           "data.entities names no folder (build_entities.sh writes Flickr8k's); set it, or weight 0")
+    try:  # the eval section's decoding as a whole (diverse beam search: groups that divide the beam, a penalty)
+        DecodeOptions.from_config(cfg)
+    except DecodeOptionError as err:
+        key = {"beam": "beam_size"}.get(err.setting, err.setting)
+        raise ConfigError(f"eval.{key}: {err.detail}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
