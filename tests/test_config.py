@@ -171,6 +171,8 @@ def test_choices_are_the_model_code_tables():
     code imports are the config's choices."""
     import inspect
 
+    from torch import nn
+
     from captioner import names
     from captioner.config import CHOICES
     from captioner.data.datasets import SPLITS
@@ -181,8 +183,6 @@ def test_choices_are_the_model_code_tables():
     from captioner.training.objectives.base import Objective
     from captioner.training.optim import OPTIMIZERS
     from captioner.training.wblog import MODES as WANDB_MODES
-
-    from torch import nn
 
     assert tuple(names.SCORERS) == CHOICES["model.attention.scorer"]
     assert tuple(names.ATTENTIONS) == CHOICES["model.attention.attention"]
