@@ -84,6 +84,8 @@ def steps() -> list[dict]:
     out.append({"name": "soft_pointing_scst_more", "model": "runs/flickr8k_soft_pointing_scst_more/averaged.pt",
                 "train": [["train", "--config", f"configs/flickr8k_soft_pointing{stage}.yaml"]
                           for stage in ("", "_scst", "_scst_more")]})
+    out.append({"name": "soft_pointing_finetune", "model": "runs/flickr8k_soft_pointing_finetune/averaged.pt",
+                "train": [["train", "--config", "configs/flickr8k_soft_pointing_finetune.yaml"]]})
     out.append({"name": "hard_pointing", "model": "runs/flickr8k_hard_pointing_from_soft_scst_more/averaged.pt",
                 "train": [["train", "--config", f"configs/flickr8k_hard_pointing_from_soft{stage}.yaml"]
                           for stage in ("", "_scst", "_scst_more")]})
@@ -155,7 +157,8 @@ LABELS = {
     "hard_grounded": "hard from that model, the shipped hard chain (LOO, SCST, SCST, averaged) with supervision",
     "soft_pointing": "soft, XE (8 epochs) with label smoothing, scheduled sampling and the mass term, no penalty",
     "soft_pointing_scst_more": "soft, that XE stage then SCST, SCST (averaged), the mass term kept throughout",
-    "hard_pointing": "hard from that model, the shipped hard chain (LOO, SCST, SCST, averaged), the mass term kept",
+    "soft_pointing_finetune": "soft, the shipped `flickr8k_soft` then SCST (as its second stage) with the mass term",
+    "hard_pointing": "hard from the pointing soft model, the shipped hard chain (LOO, SCST, SCST, averaged), mass term",
     **{sweep_name(w): f"soft, XE 2 epochs, grounding_weight {w:g}" + (" (control)" if w == 0 else "") for w in SWEEP},
 }
 TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"

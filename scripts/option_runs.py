@@ -26,6 +26,7 @@ from pathlib import Path
 from grounding_runs import ROOT, iou_figures, minutes, movement, replace_between, train_and_evaluate
 
 ROWS = ROOT / "docs" / "training-options" / "rows"
+GROUNDING = ROOT / "docs" / "grounding" / "rows"
 XE = "configs/flickr8k_soft.yaml"
 SCHEDULE = ["train.objective.scheduled_sampling_start=0", "train.objective.scheduled_sampling_increase_every=1",
             "train.objective.scheduled_sampling_increase_prob=0.05", "train.objective.scheduled_sampling_max_prob=0.25"]
@@ -60,10 +61,16 @@ LABELS = {
     "label_smoothing_0.2": "label smoothing 0.2",
     "scheduled_sampling": "scheduled sampling (from epoch 0, +0.05 per epoch, at most 0.25)",
     "updown_xe": "Up-Down, `flickr8k_updown.yaml` (the XE stage with `decoder.kind: updown`)",
+    "soft_pointing": "label smoothing 0.1 + scheduled sampling + the mass grounding term, no doubly stochastic "
+                     "penalty (`flickr8k_soft_pointing.yaml`; issue 62, docs/grounding.md)",
 }
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
-                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)"}
+                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)",
+                 "soft_pointing_scst_more": "LSTM, that XE stage then both SCST stages with the mass term "
+                                            "(`flickr8k_soft_pointing*.yaml`; issue 62)"}
+# issue 62's recipe rows, run by scripts/grounding_runs.py (their figures in docs/grounding/rows/): shown here too
+GROUNDING_ROWS = ("soft_pointing", "soft_pointing_scst_more")
 TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
 SHIPPED = ROOT / "docs" / "grounding" / "rows" / "shipped_soft.json"
 
@@ -89,7 +96,8 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
     control = rows.get("xe_control")
     lines = [head[0].format("cross-entropy stage"), head[1]]
     lines += [_row(label, rows[name], control) for name, label in LABELS.items() if name in rows]
-    recipe = {"shipped_soft": shipped, **{name: rows[name] for name in ("updown", "updown_steady") if name in rows}}
+    recipe = {"shipped_soft": shipped, **{name: rows[name] for name in ("updown", "updown_steady",
+                                                                        "soft_pointing_scst_more") if name in rows}}
     if len(recipe) > 1 and shipped is not None:
         lines += ["", head[0].format("whole recipe"), head[1]]
         lines += [_row(RECIPE_LABELS[name], r, shipped) for name, r in recipe.items()]
@@ -101,12 +109,13 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
 
 def write_report(doc: Path = ROOT / "docs" / "training-options.md") -> None:
     rows = {step["name"]: r for step in steps() if (r := _read(step["name"])) is not None}
+    rows.update({name: r for name in GROUNDING_ROWS if (r := _read(name, GROUNDING)) is not None})
     shipped = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else None
     replace_between(doc, TABLE_START, TABLE_END, format_report(rows, shipped))
 
 
-def _read(name: str) -> dict | None:
-    path = ROWS / f"{name}.json"
+def _read(name: str, rows: Path = ROWS) -> dict | None:
+    path = rows / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
