@@ -6,8 +6,8 @@ are type-checked and range-checked, and the resolved config writes to YAML and r
 back identically (``save_config`` / ``load_config``). ``build_model(cfg, vocab)`` in
 ``captioner/api.py`` is the one place that turns this into constructor arguments; field
 names equal those arguments' names. The allowed names of scorers, attentions, decoding modes and data
-formats come from ``captioner/names.py``, a torch-free table below both this module and the code (whose
-registries, ``SCORERS``, ``ATTENTIONS``, ``LOADERS``, a test holds equal to it). ``model.decoder`` is the
+formats come from ``captioner/names.py``, torch-free, below both this module and the code (its registries,
+``SCORERS``, ``ATTENTIONS``, ``DATA_FORMATS``, name each one's code as a lazy path). ``model.decoder`` is the
 section of the decoder family ``model.decoder.kind`` names: a dataclass that family owns, with its keys, its
 checks and the ``model.attention`` keys it reads (``captioner/models/decoders/``: family.py and each family's
 torch-free ``*_config.py``). Loading a config imports neither torch, the models' code nor the data readers.
@@ -18,15 +18,23 @@ The ``captioner config`` command (list, show) is captioner/commands/config.py's.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
+# config files (a path or a shipped name) and their chains of bases: config_files.py, below this module
+from captioner.config_files import (  # noqa: F401 - CONFIG_DIR, resolve_config_path, shipped_configs: used from here
+    CONFIG_DIR,
+    ConfigError,
+    read_config_file,
+    resolve_config_path,
+    shipped_configs,
+)
+
 # eval's decoding settings default to DecodeOptions' (torch-free): one default each, there
-from captioner.decoding.options import DecodeOptions
+from captioner.decoding.options import DecodeOptionError, DecodeOptions
 
 # model.decoder is the section of one decoder family, a dataclass of its own picked by model.decoder.kind
 # (captioner/models/decoders/: its torch-free config modules, not the models)
@@ -39,11 +47,7 @@ from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 # train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
 # (captioner/objective_sections.py, torch-free, on the floor: not the objectives' code in training/)
 from captioner.objective_sections import OBJECTIVES, ObjectiveConfig
-from captioner.registration import Family
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key path."""
+from captioner.registration import TaggedSections
 
 
 @dataclass
@@ -177,6 +181,10 @@ class EvalConfig:
     # no word that would repeat a trigram of its caption (every decode reads it)
     block_trigrams: bool = DecodeOptions.block_trigrams
     attention_mode: str = DecodeOptions.attention_mode  # hard attention decoding: expectation | argmax | sample
+    # diverse beam search (decoding/diverse.py): beam_size split into beam_groups groups, each penalised
+    # diversity per beam of an earlier group that chose the same word; 1 and 0: plain beam search
+    beam_groups: int = DecodeOptions.beam_groups
+    diversity: float = DecodeOptions.diversity
     batch_size: int = 32
     mirror_check: bool = False  # per-epoch validation also captions the val photos mirrored (evaluate --mirror-check)
     tf32: bool = True  # on CUDA, caption / evaluate / serve run float32 matmuls in TF32 (runtime.enable_tf32)
@@ -190,95 +198,21 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _coerce(value: Any, typ: Any, path: str) -> Any:
-    """Check ``value`` against the annotated type; ints are accepted where floats are expected."""
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, str):
-            return value
-    else:  # pragma: no cover - only the four scalar types are used above
-        raise ConfigError(f"{path}: unsupported field type {typ}")
-    name = getattr(typ, "__name__", str(typ))
-    raise ConfigError(f"{path}: expected {name}, got {type(value).__name__} {value!r}")
-
-
-# The sections whose dataclass its ``kind`` key picks: base class -> its family (registration.Family: the kinds,
-# the default, where the section sits). model.decoder: a decoder family's; train.objective: a training objective's.
-_KINDED: dict[type, Family] = {DecoderFamilyConfig: DECODERS, ObjectiveConfig: OBJECTIVES}
-
-
-def _section_class(cls: type, kind: Any) -> type:
-    """The dataclass of a section: itself, or for model.decoder / train.objective the one ``kind`` names."""
-    if cls not in _KINDED:
-        return cls
-    try:
-        return _KINDED[cls].section(kind)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def kinded_section(where: str, kind: Any) -> type:
-    """The dataclass of the kinded section at ``where`` ("model.decoder", "train.objective") for ``kind``;
-    ConfigError naming the valid kinds."""
-    base = next(base for base, family in _KINDED.items() if family.where == where)
-    return _section_class(base, kind)
-
-
-def _where(cls: type, prefix: str) -> str:
-    """How an unknown key's message names the section it is not in."""
-    if issubclass(cls, tuple(_KINDED)):
-        return f"{prefix} for kind {cls.kind}"
-    return prefix or "top level"
-
-
-def _from_dict(cls: type, data: Any, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
-    cls = _section_class(cls, data.get("kind", _KINDED[cls].default) if cls in _KINDED else None)
-    types_ = _field_types(cls)
-    unknown = sorted(set(data) - set(types_))
-    if unknown:
-        where = _where(cls, prefix)
-        # a file's section of one kind, its kind changed by --set: its keys are the other kind's
-        hint = (f"; to change a section's kind, set it whole: --set '{prefix}={{kind: {cls.kind}, ...}}'"
-                if issubclass(cls, tuple(_KINDED)) else "")
-        raise ConfigError(
-            f"unknown config key {'.'.join(filter(None, [prefix, str(unknown[0])]))!r} "
-            f"(valid keys at {where}: {', '.join(types_)}){hint}"
-        )
-    kwargs = {}
-    for name, typ in types_.items():
-        if name not in data:
-            continue
-        path = f"{prefix}.{name}" if prefix else name
-        if dataclasses.is_dataclass(typ):
-            kwargs[name] = _from_dict(typ, data[name], path)
-        else:
-            kwargs[name] = _coerce(data[name], typ, path)
-    return cls(**kwargs)
+# The reader of the sections (registration.TaggedSections): model.decoder and train.objective are tagged unions,
+# their dataclass the one their ``kind`` names in its family (a decoder family's, a training objective's); a --set
+# of train.objective.kind refuses the file's keys the new objective reads in another sense.
+_SECTIONS = TaggedSections(Config, {DecoderFamilyConfig: DECODERS, ObjectiveConfig: OBJECTIVES},
+                           reinterpreted=("train.objective",))
+kinded_section = _SECTIONS.kinded_section
+kinded_family_defaults = _SECTIONS.kinded_defaults
+split_override = TaggedSections.split_override
+parse_override = _SECTIONS.parse_override
+apply_override = _SECTIONS.apply_override
 
 
 def config_from_dict(data: dict) -> Config:
     """Build a validated Config from a (possibly partial) nested dict."""
-    cfg = _from_dict(Config, data or {}, "")
+    cfg = _SECTIONS.from_dict(Config, data or {})
     validate(cfg)
     return cfg
 
@@ -389,180 +323,20 @@ def validate(cfg: Config) -> None:
     if cfg.train.objective.grounding_weight > 0 and not cfg.data.entities:
         raise ConfigError("train.objective.grounding_weight: supervises attention with Flickr30k Entities boxes, but "
                           "data.entities names no folder (build_entities.sh writes Flickr8k's); set it, or weight 0")
-
-
-def split_override(text: str) -> tuple[list[str], str]:
-    """Split ``a.b.c=value`` into its key path and the raw value text."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    parts = key.split(".")
-    if not key or any(not p for p in parts):
-        raise ConfigError(f"override {text!r}: empty key path")
-    return parts, raw
-
-
-def _parse_value(raw: str, typ: Any, path: str) -> Any:
-    """Read an override's text as the field's type: text stays text, numbers are numbers."""
-    if typ is str:
-        return raw
-    if dataclasses.is_dataclass(typ):
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: cannot parse {raw!r} ({err})") from None
-    text = raw.strip()
-    if typ is bool:
-        lowered = text.lower()
-        if lowered in ("true", "yes", "on", "1"):
-            return True
-        if lowered in ("false", "no", "off", "0"):
-            return False
-        raise ConfigError(f"{path}: expected bool (true/false), got {raw!r}")
-    if typ is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"{path}: expected int, got {raw!r}") from None
-    if typ is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"{path}: expected float, got {raw!r}") from None
-    raise ConfigError(f"{path}: unsupported field type {typ}")  # pragma: no cover
-
-
-def parse_override(text: str, kinds: dict[str, Any] | None = None) -> tuple[list[str], Any]:
-    """Split ``a.b.c=value`` into its key path and the value read as that field's type (the keys of model.decoder
-    and train.objective are those of the kind ``kinds`` gives them, keyed "model.decoder" / "train.objective";
-    the default kinds where it names none)."""
-    parts, raw = split_override(text)
-    return parts, _parse_value(raw, _field_type_at(parts, kinds or {}), ".".join(parts))
-
-
-def _field_type_at(parts: list[str], kinds: dict[str, Any]) -> Any:
-    """The annotated type at a key path; unknown keys name the valid ones."""
-    cls: Any = Config
-    typ: Any = Config
-    for i, part in enumerate(parts):
-        if not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"{'.'.join(parts[:i])} is a value, not a section")
-        cls = _kinded_class(cls, kinds, ".".join(parts[:i]))
-        types_ = _field_types(cls)
-        if part not in types_:
-            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} "
-                              f"(valid keys at {_where(cls, '.'.join(parts[:i]))}: {', '.join(types_)})")
-        typ = cls = types_[part]
-    return typ
-
-
-def _kinded_class(cls: type, kinds: dict[str, Any], path: str) -> type:
-    """The dataclass of the section at ``path``: for a kinded one, that of the kind ``kinds`` names there."""
-    return _section_class(cls, kinds.get(path, _KINDED[cls].default) if cls in _KINDED else None)
-
-
-def _kinds(data: dict) -> dict[str, Any]:
-    """The kinds a nested dict names for its kinded sections ("model.decoder" -> its kind; absent: the default)."""
-    kinds = {}
-    for family in _KINDED.values():
-        node: Any = data
-        for part in family.where.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and "kind" in node:
-            kinds[family.where] = node["kind"]
-    return kinds
-
-
-def _sets_a_kind(text: str) -> bool:
-    """Whether an override sets a kinded section's kind (applied first: the section's other keys are its)."""
-    return ".".join(split_override(text)[0]) in {f"{family.where}.kind" for family in _KINDED.values()}
-
-
-def _declared_by(cls: type, key: str) -> type | None:
-    """The class in ``cls``'s hierarchy that declares field ``key`` (None: ``cls`` has no such field)."""
-    return next((c for c in cls.__mro__ if key in c.__dict__.get("__annotations__", {})), None)
-
-
-def _refuse_other_kinds_keys(data: dict, parts: list[str], value: Any) -> None:
-    """A --set of train.objective.kind refuses the file's keys that the new kind reads in another sense (loo's
-    ``samples``, K paths per caption, is not SCST's captions per image); keys declared by a class both kinds share
-    (``alpha_c`` from xe to loo) stay. Keys the new kind lacks: the reader refuses them as unknown, with that advice."""
-    if tuple(parts) != ("train", "objective", "kind"):
-        return
-    section = data.get("train", {}).get("objective")
-    if not isinstance(section, dict):
-        return
-    old_kind = section.get("kind", OBJECTIVES.default)
-    if old_kind == value:
-        return
-    old, new = OBJECTIVES.section(old_kind), OBJECTIVES.section(value)
-    differ = [k for k in section if k != "kind" and _declared_by(new, k) is not None
-              and _declared_by(new, k) is not _declared_by(old, k)]
-    if differ:
-        keys = ", ".join(f"train.objective.{k}" for k in differ)
-        raise ConfigError(f"{keys}: set for kind {old_kind!r}, which kind {value!r} reads in another sense; to change "
-                          f"a section's kind, set it whole: --set 'train.objective={{kind: {value}, ...}}'")
-
-
-def apply_override(data: dict, text: str) -> None:
-    """Set one ``key.path=value`` override into a nested dict, checking the path exists (the keys of
-    model.decoder and train.objective: those of the kind the dict names there). Changing train.objective.kind
-    refuses the file's keys of the old kind that the new one reads otherwise (``_refuse_other_kinds_keys``)."""
-    kinds = _kinds(data)
-    parts, value = parse_override(text, kinds)
-    if parts[-1] == "kind":
-        try:
-            _refuse_other_kinds_keys(data, parts, value)
-        except ConfigError:
-            raise
-        except ValueError:  # an unknown kind: the section lookup below names the valid ones
-            pass
-    path = ".".join(parts)
-    typ = _field_type_at(parts, kinds)
-    if dataclasses.is_dataclass(typ) and not isinstance(value, dict):
-        raise ConfigError(f"{path} is a section; set one of its keys: "
-                          f"{', '.join(_field_types(_kinded_class(typ, kinds, path)))}")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])}: expected a mapping in the config file")
-    node[parts[-1]] = value
-
-
-# The configs shipped with the package (``configs/`` in a checkout is a link to this folder).
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-
-
-def shipped_configs() -> dict[str, Path]:
-    """Name -> file of every config shipped with the package (e.g. "flickr8k_soft")."""
-    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
-
-
-def resolve_config_path(path: str | Path) -> Path:
-    """A config file path, or the name of a shipped config (``flickr8k_soft`` or ``flickr8k_soft.yaml``)."""
-    candidate = Path(path)
-    if candidate.is_file():
-        return candidate
-    shipped = shipped_configs()
-    name = candidate.stem if candidate.suffix in (".yaml", ".yml") and len(candidate.parts) == 1 else str(path)
-    if name in shipped:
-        return shipped[name]
-    raise ConfigError(f"config file not found: {path} (shipped configs, usable by name: {', '.join(shipped)})")
+    try:  # the eval section's decoding as a whole (diverse beam search: groups that divide the beam, a penalty)
+        DecodeOptions.from_config(cfg)
+    except DecodeOptionError as err:
+        key = {"beam": "beam_size"}.get(err.setting, err.setting)
+        raise ConfigError(f"eval.{key}: {err.detail}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (only the keys it changes; a path or a shipped config's name) and apply
-    ``key=value`` overrides."""
-    data: dict = {}
-    if path is not None:
-        path = resolve_config_path(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    return config_from_file_data(data, overrides, source=path)
+    """Read a YAML config (only the keys it changes, over its chain of bases: config_files.py; a path or a shipped
+    config's name) and apply ``key=value`` overrides."""
+    if path is None:
+        return config_from_file_data({}, overrides)
+    file = read_config_file(path, kinded_family_defaults())
+    return config_from_file_data(file.data, overrides, source=file.chain[0])
 
 
 def config_from_file_data(data: Any, overrides: Iterable[str] = (), source: str | Path | None = None) -> Config:
@@ -571,7 +345,7 @@ def config_from_file_data(data: Any, overrides: Iterable[str] = (), source: str 
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
     # a --set of a kind first (model.decoder.kind, train.objective.kind): the section's other keys are its kind's
-    for text in sorted(overrides, key=lambda t: not _sets_a_kind(t)):
+    for text in sorted(overrides, key=lambda t: not _SECTIONS.sets_a_kind(t)):
         apply_override(data, text)
     try:
         cfg = config_from_dict(data)

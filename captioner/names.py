@@ -10,25 +10,45 @@ config). The code that behaves differently per name owns the behaviour:
   ``commands/extract.py``, ``commands/score.py``), OPTIMIZERS (``training/optim.py``), WANDB_MODES
   (``training/wblog.py``, as MODES) and ENSEMBLE_ATTENTIONS (``models/ensemble.py``, ``commands/caption.py``,
   ``commands/evaluate.py``);
-- registries of classes or functions stay beside their code and are checked against their tables here by
-  tests/test_config.py (same keys, same order): SCORERS (``models/scorers.py``), ATTENTIONS
-  (``models/attention.py``), LOADERS (``data/datasets.py``).
+- what a name builds is registered here once, as a lazy ``"module:attr"`` path (registration.Registry): SCORERS
+  (``models/scorers.py``), ATTENTIONS (``models/attention.py``), DATA_FORMATS (``data/datasets.py``); the code
+  builds through them, and no other table of those names exists.
 
 The decoder families and the training objectives are not named here: each owns its section (``model.decoder``,
 ``train.objective``), a torch-free dataclass the config reads through its family's table (``captioner/models/
 decoders``' DECODERS, ``captioner/objective_sections.py``'s OBJECTIVES: its kinds, keys, values and checks), which
 names its class (captioner/registration.py).
 
-Adding a scorer, an attention or a data format takes its name here as well as its entry in the
-registry; the test says which table lags.
+Adding a scorer, an attention read or a data format is its code and one line in its registry here.
 """
 
 from __future__ import annotations
 
-# models/scorers.py: SCORERS (Xu et al. 2015, Eq. (4)'s f_att and its variants)
-SCORER_NAMES = ("additive", "dot", "scaled_dot", "bilinear")
-# models/attention.py: ATTENTIONS
-ATTENTION_NAMES = ("soft", "hard", "key_value", "multi_head")
+from captioner.registration import Registry
+
+# model.attention.scorer: the scoring functions (Xu et al. 2015, Eq. (4)'s f_att and its variants, models/scorers.py)
+SCORERS = Registry("model.attention.scorer", {
+    "additive": "captioner.models.scorers:AdditiveScorer",
+    "dot": "captioner.models.scorers:DotScorer",
+    "scaled_dot": "captioner.models.scorers:ScaledDotScorer",
+    "bilinear": "captioner.models.scorers:BilinearScorer",
+})
+
+
+def check_heads(dim: int, heads: int, name: str = "model.attention.attention_dim") -> None:
+    """ValueError unless ``dim`` (named ``name``) splits into ``heads`` equal heads: the one check of it, for the
+    config (the decoder families' sections) and the modules alike."""
+    if dim % heads:
+        raise ValueError(f"{name} ({dim}) must be divisible by model.attention.heads ({heads})")
+
+
+# model.attention.attention: how a step reads the grid (models/attention.py), each class built by its ``build``
+ATTENTIONS = Registry("model.attention.attention", {
+    "soft": "captioner.models.attention:SoftAttention",
+    "hard": "captioner.models.attention:HardAttention",
+    "key_value": "captioner.models.attention:KeyValueAttention",
+    "multi_head": "captioner.models.attention:MultiHeadAttention",
+})
 # decoding/options.py: how a model may read while decoding (one vocabulary: "expectation" is the soft read;
 # "argmax" and "sample" read one cell per word); models/attention.py adds the training-only "gumbel"
 DECODING_MODES = ("expectation", "argmax", "sample")
@@ -39,8 +59,15 @@ WANDB_MODES = ("off", "offline", "online")
 # models/ensemble.py: ATTENTION_SHOWN, whose map an ensemble's overlays show (a decoding choice of the
 # command line and load_captioner, not of the config; named here so `captioner caption --help` needs no torch)
 ENSEMBLE_ATTENTIONS = ("first", "mean")
-# data/datasets.py: LOADERS (data.format) and the splits every format knows
-DATA_FORMATS = ("shapes", "karpathy", "coco", "flickr8k", "captions")
+# data.format: the readers of each data set's records, (DataConfig, split) -> records (data/datasets.py)
+DATA_FORMATS = Registry("data.format", {
+    "shapes": "captioner.data.datasets:load_shapes",
+    "karpathy": "captioner.data.datasets:load_karpathy",
+    "coco": "captioner.data.datasets:load_coco",
+    "flickr8k": "captioner.data.datasets:load_flickr8k",
+    "captions": "captioner.data.datasets:load_captions",
+})
+# the splits every format knows
 SPLITS = ("train", "val", "test")
 # training/loop.py: the learning-rate schedule over train.epochs and the autocast dtype
 LR_SCHEDULES = ("none", "step", "cosine")
@@ -59,9 +86,9 @@ COMPILE_MODES = ("off", "inductor", "cudagraphs")
 
 # The allowed values and ranges of the config's settings, keyed by dotted path: config.validate checks them.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.format": DATA_FORMATS,
-    "model.attention.scorer": SCORER_NAMES,
-    "model.attention.attention": ATTENTION_NAMES,
+    "data.format": tuple(DATA_FORMATS),
+    "model.attention.scorer": tuple(SCORERS),
+    "model.attention.attention": tuple(ATTENTIONS),
     "train.optimizer": OPTIMIZERS,
     "train.lr_schedule": LR_SCHEDULES,
     "train.amp": AMP_MODES,

@@ -29,12 +29,6 @@ PREFIX = "train.objective"
 GROUNDING_LOSSES = ("cross_entropy", "mass")  # train.objective.grounding_loss
 
 
-def check_label_smoothing(value: float) -> None:
-    """ValueError unless 0 <= value < 1 (at 1 the target would be the uniform distribution, whatever the word)."""
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{PREFIX}.label_smoothing: must be in [0, 1), got {value!r}")
-
-
 @dataclass
 class ObjectiveConfig:
     """The ``train.objective`` section of one objective. Subclasses set ``kind``'s default to their key."""
@@ -61,7 +55,9 @@ class ObjectiveConfig:
     SPANS_EPOCHS: ClassVar[str | None] = None
 
     def check(self, hard: bool) -> None:
-        """ValueError, naming the key, for what the tables cannot say (``hard``: the attention is hard)."""
+        """ValueError, naming the key, for what the tables cannot say (``hard``: the attention is hard): the kind
+        against the attention, the keys every section may have (label smoothing's range, the grounding term's
+        power), then the objective's own (``own_check``)."""
         if self.HARD is not None and self.HARD != hard:
             fits = [kind for kind, section in OBJECTIVES.items() if section.HARD in (hard, None)]
             kinds = ", ".join(fits) if hard else " or ".join(fits)
@@ -70,6 +66,16 @@ class ObjectiveConfig:
                                                     "model.attention.attention is not hard" if self.HARD else
                                                     "cannot train hard attention (it has a location policy)")
                 + f"; use one of {kinds}")
+        if getattr(self, "label_smoothing", 0.0) and not 0.0 <= self.label_smoothing < 1.0:
+            # at 1 the target would be the uniform distribution, whatever the word
+            raise ValueError(f"{PREFIX}.label_smoothing: must be in [0, 1), got {self.label_smoothing!r}")
+        if not self.grounding_power >= 1.0:
+            raise ValueError(f"{PREFIX}.grounding_power: must be >= 1 (1: the plain box map), got "
+                             f"{self.grounding_power!r}")
+        self.own_check(hard)
+
+    def own_check(self, hard: bool) -> None:
+        """What the objective's own keys need that its tables cannot say."""
 
     def unread(self, hard: bool) -> dict[str, str]:
         """The keys of this section a run with (or without) hard attention would ignore: key path -> why (the
@@ -88,10 +94,7 @@ class ObjectiveConfig:
 
     def check_decoder(self, family: Any) -> None:
         """ValueError, naming the key, for a setting the decoder family (its ``model.decoder`` section, whose
-        class-level flags say what it has) cannot train with; and the grounding term's power."""
-        if not self.grounding_power >= 1.0:
-            raise ValueError(f"{PREFIX}.grounding_power: must be >= 1 (1: the plain box map), got "
-                             f"{self.grounding_power!r}")
+        class-level flags say what it has) cannot train with."""
         if self.grounding_weight > 0 and not family.WORD_ALPHA:
             raise ValueError(f"{PREFIX}.grounding_weight: the {family.kind} decoder has no per-word alpha to "
                              "supervise (its map is one layer's cross-attention averaged over heads); set the weight 0")
@@ -130,14 +133,12 @@ class CrossEntropyConfig(ObjectiveConfig):
     HARD: ClassVar[bool | None] = False
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("alpha_c", "alpha_entropy", "grounding_weight")
     POSITIVE: ClassVar[tuple[str, ...]] = ("scheduled_sampling_increase_every",)
-    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("label_smoothing", "scheduled_sampling_increase_prob",
+    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("scheduled_sampling_increase_prob",
                                                 "scheduled_sampling_max_prob")
     SCHEDULE_KEYS: ClassVar[tuple[str, ...]] = ("scheduled_sampling_increase_every", "scheduled_sampling_increase_prob",
                                                 "scheduled_sampling_max_prob")
 
-    def check(self, hard: bool) -> None:
-        super().check(hard)
-        check_label_smoothing(self.label_smoothing)
+    def own_check(self, hard: bool) -> None:
         if self.scheduled_sampling_start < -1:
             raise ValueError(f"{PREFIX}.scheduled_sampling_start: an epoch (0-based), or -1 for none; got "
                              f"{self.scheduled_sampling_start}")
@@ -221,8 +222,8 @@ class LeaveOneOutConfig(_ScoreFunctionConfig):
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = (*_LocationPolicyConfig.UNIT_INTERVAL, "reward_discount")
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
 
-    def check(self, hard: bool) -> None:
-        super().check(hard)
+    def own_check(self, hard: bool) -> None:
+        super().own_check(hard)
         if self.samples < 2:
             raise ValueError(f"{PREFIX}.samples: the 'loo' objective needs at least 2, got {self.samples}")
 
@@ -242,8 +243,8 @@ class GumbelConfig(_LocationPolicyConfig):
         "the Gumbel-softmax temperature (train.objective.temperature down to temperature_min over train.epochs: "
         "a longer run would read at a higher temperature again)")
 
-    def check(self, hard: bool) -> None:
-        super().check(hard)
+    def own_check(self, hard: bool) -> None:
+        super().own_check(hard)
         if self.temperature_min > self.temperature:
             raise ValueError(f"{PREFIX}.temperature_min ({self.temperature_min}) must be <= {PREFIX}.temperature "
                              f"({self.temperature}): the Gumbel-softmax read anneals from temperature down to "
@@ -276,10 +277,8 @@ class SelfCriticalConfig(ObjectiveConfig):
                                                      "attention_mode": ("sample", "argmax")}
     POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight", "grounding_weight")
-    UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("label_smoothing",)
 
-    def check(self, hard: bool) -> None:
-        check_label_smoothing(self.label_smoothing)
+    def own_check(self, hard: bool) -> None:
         if self.baseline == "mean" and self.samples < 2:
             raise ValueError(f"{PREFIX}.samples: the 'mean' baseline needs at least 2, got {self.samples}")
         if self.entropy_weight != SelfCriticalConfig.entropy_weight and self.entropy_weight < 0:

@@ -93,14 +93,13 @@ def steps() -> list[dict]:
 
 
 def _run_dir(command: list[str]) -> Path | None:
-    for a, b in zip(command, command[1:]):
-        if a == "--set" and b.startswith("train.run_dir="):
-            return ROOT / b.split("=", 1)[1]
-    config = command[command.index("--config") + 1]
-    for line in (ROOT / config).read_text().splitlines():
-        if line.strip().startswith("run_dir:"):
-            return ROOT / line.split(":", 1)[1].split("#")[0].strip()
-    return None
+    """The run folder a ``captioner train`` command writes: its config's (over the config's bases) with its
+    ``--set``s applied."""
+    from captioner.config import load_config
+
+    sets = [b for a, b in zip(command, command[1:]) if a == "--set"]
+    run_dir = load_config(ROOT / command[command.index("--config") + 1], sets).train.run_dir
+    return ROOT / run_dir if run_dir else None
 
 
 def _train(command: list[str], log) -> float:

@@ -166,25 +166,32 @@ def test_attention_field_is_named_after_the_decoder_argument_and_the_old_key_is_
 
 
 def test_choices_are_the_model_code_tables():
-    """The config checks names against captioner/names.py (torch-free); every registry beside the code holds
-    exactly its table's names, in the same order (the order error messages list them in), so they cannot drift."""
+    """The config checks names against captioner/names.py (torch-free), whose registries are the only tables of
+    scorers, attention reads and data formats: every entry resolves to the code it names; the plain tuples the
+    code imports are the config's choices."""
     import inspect
+
+    from torch import nn
 
     from captioner import names
     from captioner.config import CHOICES
-    from captioner.data.datasets import LOADERS, SPLITS
-    from captioner.models.attention import ATTENTIONS
+    from captioner.data.datasets import SPLITS
     from captioner.models.decoders import DECODERS
     from captioner.models.decoders.contract import CaptionDecoder
-    from captioner.models.scorers import SCORERS
     from captioner.objective_sections import OBJECTIVES
     from captioner.registration import implementation
     from captioner.training.objectives.base import Objective
     from captioner.training.optim import OPTIMIZERS
     from captioner.training.wblog import MODES as WANDB_MODES
 
-    assert tuple(SCORERS) == names.SCORER_NAMES == CHOICES["model.attention.scorer"]
-    assert tuple(ATTENTIONS) == names.ATTENTION_NAMES == CHOICES["model.attention.attention"]
+    assert tuple(names.SCORERS) == CHOICES["model.attention.scorer"]
+    assert tuple(names.ATTENTIONS) == CHOICES["model.attention.attention"]
+    assert tuple(names.DATA_FORMATS) == CHOICES["data.format"]
+    for registry in (names.SCORERS, names.ATTENTIONS):
+        assert all(issubclass(registry.get(name), nn.Module) for name in registry), registry.where
+    assert all(callable(names.DATA_FORMATS.get(name)) for name in names.DATA_FORMATS)
+    with pytest.raises(ValueError, match="model.attention.scorer: 'cosine' is not one of additive, dot"):
+        names.SCORERS.get("cosine")
     # the decoder families: one registration each, the torch-free section the config reads, naming its class
     assert {"lstm", "transformer"} <= set(DECODERS)
     for kind, family in DECODERS.items():
@@ -195,7 +202,6 @@ def test_choices_are_the_model_code_tables():
         built = implementation(family, CaptionDecoder)
         for cls in [c for c in built.__mro__ if issubclass(c, CaptionDecoder) and "__init__" in vars(c)]:
             assert set(inspect.signature(cls).parameters) == reads | {"vocab_size", "feature_dim", "pad_id"}
-    assert tuple(LOADERS) == names.DATA_FORMATS == CHOICES["data.format"]
     assert SPLITS == names.SPLITS == CHOICES["eval.split"]
     assert OPTIMIZERS == CHOICES["train.optimizer"] and WANDB_MODES == CHOICES["train.wandb"]
     # the training objectives: one registration each, the torch-free section naming its class

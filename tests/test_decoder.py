@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from captioner import fast as fast_paths
-from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders.contract import DecoderOutput
 from captioner.models.decoders.show_attend_tell import ShowAttendTellDecoder
 from captioner.models.decoders.show_attend_tell_fast import FastShowAttendTellDecoder
+from captioner.names import ATTENTIONS
 
 V, D, L = 23, 12, 6
 KINDS = sorted(ATTENTIONS)

@@ -15,10 +15,10 @@ from captioner.config import AttentionConfig, load_config
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search
-from captioner.models.attention import ATTENTIONS
 from captioner.models.decoders import DECODERS, ShowAttendTellConfig
 from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
 from captioner.models.decoders.registry import build_decoder
+from captioner.names import ATTENTIONS
 from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
 from captioner.visualize import overlay_attention
 

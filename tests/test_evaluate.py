@@ -107,3 +107,44 @@ def test_evaluate_model_refuses_jpeg_quality_with_a_feature_cache(smoke_checkpoi
         evaluate_model(load_captioner(smoke_checkpoint), [], cache=object(), jpeg_quality=75)
     with pytest.raises(ValueError, match="got 0"):
         evaluate_model(load_captioner(smoke_checkpoint), [], jpeg_quality=0)
+
+
+def test_data_root_reads_elsewhere_without_writing_into_the_models_config(smoke_checkpoint, data_root, tmp_path,
+                                                                         monkeypatch):
+    """--data-root reads the photos from another root; the loaded model's config keeps its own (an export or a
+    later decode from the same object sees the checkpoint's root)."""
+    import captioner.commands.evaluate as command
+
+    loaded = []
+    real = command.load_captioner
+
+    def keep(*args, **kwargs):
+        loaded.append(real(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(command, "load_captioner", keep)
+    read = []
+    import captioner.data.datasets as datasets
+
+    real_load = datasets.load_records
+    monkeypatch.setattr(datasets, "load_records", lambda data, split: read.append(data.root) or real_load(data, split))
+    out = tmp_path / "r.json"
+    assert evaluate(["--checkpoint", str(smoke_checkpoint), "--data-root", str(data_root), "--split", "val",
+                     "--no-meteor", "--tokenizer", "simple", "--no-cache", "--out", str(out)]) == 0
+    before = real(str(smoke_checkpoint)).config.data.root
+    assert read == [str(data_root)] and loaded[0].config.data.root == before != str(data_root)
+
+
+def test_diverse_beam_search_comes_from_the_config_and_is_checked_there():
+    from captioner.config import ConfigError, load_config
+    from captioner.decoding.options import DecodeOptions
+
+    cfg = load_config("smoke", ["eval.beam_size=4", "eval.beam_groups=2", "eval.diversity=0.5"])
+    options = DecodeOptions.from_config(cfg)
+    assert (options.beam, options.beam_groups, options.diversity) == (4, 2, 0.5)
+    with pytest.raises(ConfigError, match=r"eval.beam_groups: must divide beam \(4\) evenly, got 3"):
+        load_config("smoke", ["eval.beam_size=4", "eval.beam_groups=3", "eval.diversity=0.5"])
+    with pytest.raises(ConfigError, match="eval.diversity: 0.5 needs beam_groups > 1"):
+        load_config("smoke", ["eval.diversity=0.5"])
+    with pytest.raises(ConfigError, match="eval.diversity: must be > 0 with beam_groups 2"):
+        load_config("smoke", ["eval.beam_size=4", "eval.beam_groups=2"])

@@ -276,20 +276,23 @@ def test_config_is_a_leaf_and_loads_without_torch():
     graph = package_graph()
     assert graph["captioner.config"] <= {"captioner.names", "captioner.atomic", "captioner.models.decoders",
                                          "captioner.objective_sections", "captioner.registration",
-                                         "captioner.decoding.options"}
+                                         "captioner.decoding.options", "captioner.config_files"}
+    assert graph["captioner.config_files"] <= {"captioner.registration"}  # the files and their bases: yaml
     reached, todo = set(), ["captioner.config"]
     while todo:
         for target in graph[todo.pop()] - reached:
             reached.add(target)
             todo.append(target)
-    families = reached - {"captioner.names", "captioner.atomic", "captioner.decoding.options"}
+    families = reached - {"captioner.names", "captioner.atomic", "captioner.decoding.options",
+                          "captioner.config_files"}
     assert len(families) >= 4 and all(_family_config(m) for m in families), sorted(families)
     code = ("import sys\nimport captioner.config\ncaptioner.config.load_config('smoke')\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'captioner'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     loaded = ast.literal_eval(out)
-    assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config", "captioner.decoding",
+    assert [m for m in loaded if not _family_config(m)] == ["captioner", "captioner.config",
+                                                            "captioner.config_files", "captioner.decoding",
                                                             "captioner.decoding.options", "captioner.models",
                                                             "captioner.names", "captioner.version"], out
     assert {m for m in loaded if _family_config(m)} == families, out
@@ -331,8 +334,10 @@ def test_every_module_lives_in_a_wing_or_is_one_of_the_few_at_the_top():
     """The floor stays short: a new module goes into a wing (or says here why it cannot)."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     # objective_sections.py: the objectives' torch-free sections sit below config.py, which reads them, and
-    # registration.py: the one helper that builds what a section names, under both families
-    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "demo", "names", "objective_sections",
+    # registration.py: the one helper that builds what a section names, under both families; config_files.py:
+    # config files and their chains of bases, below config.py
+    assert top == ["__init__", "__main__", "api", "atomic", "cli", "config", "config_files", "demo", "names",
+                   "objective_sections",
                    "registration", "runtime", "version", "visualize"]
     assert set(WINGS) <= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
 

@@ -111,7 +111,7 @@ def _other_value(section: type, key: str):
         return next(choice for choice in section.CHOICES[key] if choice != value)
     if isinstance(value, bool):
         return not value
-    if key in section.UNIT_INTERVAL:
+    if key in section.UNIT_INTERVAL or key == "label_smoothing":  # label smoothing: [0, 1), checked by check
         return value / 2 if value > 0 else 0.5
     return abs(value) + 1
 

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # an example, not part of the package
 from pointer_network import PointerNetwork, pointer_loss, sort_accuracy, sort_targets, train_sorter
 
-from captioner.models.scorers import SCORERS
+from captioner.names import SCORERS
 
 
 def test_sort_targets_match_the_paper_example():

@@ -5,7 +5,6 @@ import torch
 from scipy.stats import chisquare
 
 from captioner.models.attention import (
-    ATTENTIONS,
     MODES,
     ONE_CELL_MODES,
     KeyValueAttention,
@@ -14,7 +13,8 @@ from captioner.models.attention import (
     build_attention,
     read_context,
 )
-from captioner.models.scorers import SCORERS, build_scorer
+from captioner.models.scorers import build_scorer
+from captioner.names import ATTENTIONS, SCORERS
 
 B, L, D, Q, A = 5, 7, 12, 10, 16
 KINDS = sorted(ATTENTIONS)

@@ -6,6 +6,7 @@ one ensemble (models/ensemble.py); the first one's config says which data and sp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Sequence
@@ -92,11 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     use_tf32(model)
     cfg = model.config
-    if args.data_root:
-        cfg.data.root = args.data_root
+    # another root for the photos, read from here only: the loaded model's config (saved with any export) keeps its own
+    data = dataclasses.replace(cfg.data, root=args.data_root) if args.data_root else cfg.data
     split = args.split or cfg.eval.split
     options = decode_options(parser, args, model.decode_options.replace_given)  # as training scored: <unk> kept
-    records = load_records(cfg.data, split)
+    records = load_records(data, split)
     if args.max_images:
         records = records[: args.max_images]
     try:
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"captioner evaluate: {entities_dir}: no annotation for any of the {len(records)} photos of "
                   f"split {split!r} (is it the Flickr30k Entities folder of this data set?)", file=sys.stderr)
             return 2
-    cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records)
+    cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records, data)
     result = evaluate_model(model, records, options, tokenizer=tokenizer, cache=cache,
                             batch_size=cfg.eval.batch_size, meteor=not args.no_meteor, progress=not args.json,
                             instances=args.instances, jpeg_quality=args.jpeg_quality, mirror_check=args.mirror_check,

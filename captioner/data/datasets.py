@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 # ImageRecord and the errors live below this module and captions_file.py, which both build records
 from captioner.data.records import DataError, EmptySplitError, ImageRecord
 from captioner.data.vocab import Vocab, tokenize
-from captioner.names import SPLITS  # named below the config, which checks eval.split
+from captioner.names import DATA_FORMATS, SPLITS  # named below the config, which checks them
 
 if TYPE_CHECKING:  # annotations only: the readers take the config's data section (config.py imports no reader)
     from captioner.config import DataConfig
@@ -325,7 +325,7 @@ def _find_beside(name: str, *folders: Path) -> Path:
 # --------------------------------------------------------------------------- dispatch
 
 
-def _load_shapes(data: DataConfig, split: str) -> list[ImageRecord]:
+def load_shapes(data: DataConfig, split: str) -> list[ImageRecord]:
     from captioner.data.shapes import generate_shapes  # the generator is only needed for this format
 
     root = Path(data.root)
@@ -337,13 +337,13 @@ def _load_shapes(data: DataConfig, split: str) -> list[ImageRecord]:
     return read_karpathy(captions, root, split, restval=data.restval, fmt="shapes")
 
 
-def _load_karpathy(data: DataConfig, split: str) -> list[ImageRecord]:
+def load_karpathy(data: DataConfig, split: str) -> list[ImageRecord]:
     root = Path(data.root)
     captions = Path(data.captions) if data.captions else _default_karpathy_file(root)
     return read_karpathy(captions, root, split, restval=data.restval)
 
 
-def _load_coco(data: DataConfig, split: str) -> list[ImageRecord]:
+def load_coco(data: DataConfig, split: str) -> list[ImageRecord]:
     root = Path(data.root)
     if data.captions:
         files = [Path(p.strip()) for p in data.captions.split(",") if p.strip()]
@@ -352,14 +352,14 @@ def _load_coco(data: DataConfig, split: str) -> list[ImageRecord]:
     return read_coco(files, root, split, split_file=data.split_file or None, restval=data.restval)
 
 
-def _load_flickr8k(data: DataConfig, split: str) -> list[ImageRecord]:
+def load_flickr8k(data: DataConfig, split: str) -> list[ImageRecord]:
     root = Path(data.root)
     token_file = Path(data.captions) if data.captions else _find_beside("Flickr8k.token.txt", root, root.parent)
     split_dir = Path(data.split_file) if data.split_file else token_file.parent
     return read_flickr8k(token_file, split_dir, root, split)
 
 
-def _load_captions(data: DataConfig, split: str) -> list[ImageRecord]:
+def load_captions(data: DataConfig, split: str) -> list[ImageRecord]:
     """A folder of images (data.root) and a CSV or JSON-lines captions file: captioner/data/captions_file.py."""
     import dataclasses
 
@@ -373,21 +373,12 @@ def _load_captions(data: DataConfig, split: str) -> list[ImageRecord]:
                          max_failure_share=data.max_failure_share, shares_set=shares_set)
 
 
-LOADERS: dict[str, Callable[[DataConfig, str], list[ImageRecord]]] = {
-    "shapes": _load_shapes,
-    "karpathy": _load_karpathy,
-    "coco": _load_coco,
-    "flickr8k": _load_flickr8k,
-    "captions": _load_captions,
-}
-
-
 def load_records(data: DataConfig, split: str) -> list[ImageRecord]:
     """All images of one split (train/val/test) with their tokenized captions, per ``data.format``."""
-    if data.format not in LOADERS:
-        raise DataError(f"unknown data.format {data.format!r}; valid formats: {', '.join(LOADERS)}")
+    if data.format not in DATA_FORMATS:
+        raise DataError(f"unknown data.format {data.format!r}; valid formats: {', '.join(DATA_FORMATS)}")
     _check_split(split)
-    return LOADERS[data.format](data, split)
+    return DATA_FORMATS.get(data.format)(data, split)
 
 
 # --------------------------------------------------------------------------- vocabulary

@@ -1,6 +1,6 @@
 """What every data-set reader returns: ``ImageRecord`` (one image and all its captions), and the data errors.
 
-Its own module, below the readers: data/datasets.py (the formats and the ``LOADERS`` table) and
+Its own module, below the readers: data/datasets.py (the formats, registered in names.DATA_FORMATS) and
 data/captions_file.py (your own CSV or JSON-lines file, one of those formats) both build records, and
 datasets.py dispatches to captions_file.py, so the types they share cannot live in either.
 """

@@ -95,7 +95,7 @@ class DecodeOptions:
         ev = cfg.eval
         return cls(beam=ev.beam_size, attention_mode=ev.attention_mode,
                    max_length=ev.max_length or cfg.data.max_length, length_penalty=float(ev.length_penalty),
-                   block_trigrams=ev.block_trigrams)
+                   block_trigrams=ev.block_trigrams, beam_groups=ev.beam_groups, diversity=float(ev.diversity))
 
     def for_people(self) -> "DecodeOptions":
         """These options as a caption a person reads is decoded: <unk> never chosen. ``captioner caption`` and

@@ -300,16 +300,17 @@ def mirror_figures(model, records: Sequence, reads: dict[str, tuple], options: D
     return mirror_following(pairs, model.grid_hw)
 
 
-def cached_grids(model, records: Sequence) -> Any:
+def cached_grids(model, records: Sequence, data: Any = None) -> Any:
     """The feature cache of the model's frozen backbone when it holds every record's grid (the same
-    fp16 grids training validated on, and no CNN to run), else None: encode the images."""
+    fp16 grids training validated on, and no CNN to run), else None: encode the images. ``data``: the data
+    section the records were read by (default the model's; ``evaluate --data-root`` gives another root)."""
     from captioner.data.features import cache_dir_for, open_complete_cache
 
-    cfg = model.config
-    if not cfg.data.use_cache:
+    data = model.config.data if data is None else data
+    if not data.use_cache:
         return None
     fingerprint = model.encoder.cache_fingerprint()
-    return open_complete_cache(cache_dir_for(cfg.data, fingerprint), records, fingerprint)
+    return open_complete_cache(cache_dir_for(data, fingerprint), records, fingerprint)
 
 
 def format_table(result: dict, split: str) -> str:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner.models.scorers import build_scorer
-from captioner.names import DECODING_MODES
+from captioner.names import ATTENTIONS, DECODING_MODES, check_heads
 
 # The one definition of the attention modes (module docstring): the decoding modes, named in captioner/names.py
 # below the config that checks them (eval.attention_mode, --attention-mode), and the training-only reads.
@@ -179,7 +179,7 @@ class SoftAttention(nn.Module):
     """Deterministic soft attention over the raw grid, §4.2: z = sum_i alpha_i a_i.
 
     Args:
-        scorer: name of the scoring function (a key of scorers.SCORERS).
+        scorer: name of the scoring function (a key of names.SCORERS).
         key_dim: size D of an annotation vector (also the context size).
         query_dim: size Q of the query h_{t-1}.
         attention_dim: hidden size A of the scorer.
@@ -199,6 +199,11 @@ class SoftAttention(nn.Module):
         super().__init__()
         self.scorer = build_scorer(scorer, key_dim, query_dim, attention_dim)
         self.out_dim = key_dim
+
+    @classmethod
+    def build(cls, scorer: str, key_dim: int, query_dim: int, attention_dim: int, heads: int) -> nn.Module:
+        """What build_attention calls for every read: one head (``heads`` is the multi-head read's)."""
+        return cls(scorer, key_dim, query_dim, attention_dim)
 
     def prepare(self, grid: Tensor) -> tuple[Tensor, ...]:
         return (grid, self.scorer.prepare(grid))  # values (B, L, D), prepared keys (B, L, *)
@@ -289,8 +294,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, scorer: str, key_dim: int, query_dim: int, attention_dim: int = 512,
                  heads: int = 8) -> None:
         super().__init__()
-        if attention_dim % heads:
-            raise ValueError(f"attention_dim {attention_dim} is not divisible by heads {heads}")
+        check_heads(attention_dim, heads, "attention_dim")
         self.heads = heads
         self.head_dim = attention_dim // heads
         self.key_proj = nn.Linear(key_dim, attention_dim)
@@ -299,6 +303,10 @@ class MultiHeadAttention(nn.Module):
         self.scorer = build_scorer(scorer, self.head_dim, self.head_dim, self.head_dim)
         self.out_proj = nn.Linear(attention_dim, attention_dim)
         self.out_dim = attention_dim
+
+    @classmethod
+    def build(cls, scorer: str, key_dim: int, query_dim: int, attention_dim: int, heads: int) -> nn.Module:
+        return cls(scorer, key_dim, query_dim, attention_dim, heads=heads)
 
     def _split(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
@@ -345,25 +353,12 @@ class MultiHeadAttention(nn.Module):
         )
 
 
-ATTENTIONS: dict[str, type[nn.Module]] = {
-    "soft": SoftAttention,
-    "hard": HardAttention,
-    "key_value": KeyValueAttention,
-    "multi_head": MultiHeadAttention,
-}
-
-
 def build_attention(kind: str, scorer: str, key_dim: int, query_dim: int,
                     attention_dim: int = 512, heads: int = 1) -> nn.Module:
-    """The attention module `kind` (a key of ATTENTIONS) with scoring function `scorer`.
-
-    `heads` is read by "multi_head" only (the config shares it with the grid's self-attention).
-    """
-    if kind not in ATTENTIONS:
-        raise ValueError(f"unknown attention {kind!r}; valid attentions: {', '.join(sorted(ATTENTIONS))}")
-    if kind == "multi_head":
-        return MultiHeadAttention(scorer, key_dim, query_dim, attention_dim, heads=heads)
-    return ATTENTIONS[kind](scorer, key_dim, query_dim, attention_dim)
+    """The attention read ``kind`` (names.ATTENTIONS: soft, hard, key_value, multi_head) with scoring function
+    ``scorer``, built by its class's ``build``; ``heads`` is read by "multi_head" only (the config shares it with
+    the grid's self-attention)."""
+    return ATTENTIONS.get(kind).build(scorer, key_dim, query_dim, attention_dim, heads)
 
 
 class SelfAttentionLayer(nn.Module):
@@ -371,8 +366,7 @@ class SelfAttentionLayer(nn.Module):
 
     def __init__(self, dim: int, heads: int = 1) -> None:
         super().__init__()
-        if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        check_heads(dim, heads, "dim")
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)

@@ -155,16 +155,8 @@ class BilinearScorer(nn.Module):
         return scores.transpose(1, 2).reshape(-1, L)  # (B*G, L)
 
 
-SCORERS: dict[str, type[nn.Module]] = {
-    "additive": AdditiveScorer,
-    "dot": DotScorer,
-    "scaled_dot": ScaledDotScorer,
-    "bilinear": BilinearScorer,
-}
-
-
 def build_scorer(name: str, key_dim: int, query_dim: int, attention_dim: int = 512) -> nn.Module:
-    """The scorer called `name` (a key of SCORERS)."""
-    if name not in SCORERS:
-        raise ValueError(f"unknown scorer {name!r}; valid scorers: {', '.join(sorted(SCORERS))}")
-    return SCORERS[name](key_dim=key_dim, query_dim=query_dim, attention_dim=attention_dim)
+    """The scorer called ``name`` (names.SCORERS; ValueError naming the valid ones)."""
+    from captioner.names import SCORERS
+
+    return SCORERS.get(name)(key_dim=key_dim, query_dim=query_dim, attention_dim=attention_dim)

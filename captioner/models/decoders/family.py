@@ -21,6 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from captioner.names import check_heads
+
 
 @dataclass
 class DecoderFamilyConfig:
@@ -46,7 +48,10 @@ class DecoderFamilyConfig:
     def check(self, attention: Any) -> None:
         """ValueError, naming the key path, for a combination this family cannot build that the tables above
         cannot say (``attention``: the model.attention section, for the keys it reads). Called by
-        config.validate after the tables' checks."""
+        config.validate after the tables' checks. Here: a family that reads the grid through model.attention's
+        read (its ``heads`` among ``ATTENTION_KEYS``) splits attention_dim over the multi-head read's heads."""
+        if "attention" in self.ATTENTION_KEYS and attention.attention == "multi_head":
+            check_heads(attention.attention_dim, attention.heads)
 
     def compile_refusal(self, attention: Any) -> str:
         """Why ``train.compile`` would not run for this decoder reading as ``attention`` says ('' where it does):

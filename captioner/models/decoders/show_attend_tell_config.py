@@ -37,8 +37,3 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
         if attention.attention == "hard":
             return "hard attention samples where it reads; only soft reads are compiled"
         return ""
-
-    def check(self, attention: Any) -> None:
-        if attention.attention == "multi_head" and attention.attention_dim % attention.heads:
-            raise ValueError(f"model.attention.attention_dim ({attention.attention_dim}) must be divisible by "
-                             f"model.attention.heads ({attention.heads}) for multi-head attention")

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from captioner.models.decoders.family import DecoderFamilyConfig
+from captioner.names import check_heads
 
 
 def check_width(embed_dim: int, heads: int) -> None:
     """The model width splits evenly over the heads."""
-    if embed_dim % heads:
-        raise ValueError(f"model.decoder.embed_dim ({embed_dim}) must be divisible by model.attention.heads "
-                         f"({heads}) for the transformer decoder")
+    check_heads(embed_dim, heads, "model.decoder.embed_dim")
 
 
 def check_overlay_layer(overlay_layer: int, layers: int) -> None:

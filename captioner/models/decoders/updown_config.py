@@ -4,7 +4,7 @@ config reads it without the models."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from captioner.models.decoders.family import DecoderFamilyConfig
 
@@ -26,8 +26,3 @@ class UpDownConfig(DecoderFamilyConfig):
     SCHEDULED_SAMPLING: ClassVar[bool] = True
     POSITIVE: ClassVar[tuple[str, ...]] = ("embed_dim", "hidden_dim")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
-
-    def check(self, attention: Any) -> None:
-        if attention.attention == "multi_head" and attention.attention_dim % attention.heads:
-            raise ValueError(f"model.attention.attention_dim ({attention.attention_dim}) must be divisible by "
-                             f"model.attention.heads ({attention.heads}) for multi-head attention")
