@@ -82,7 +82,7 @@ def test_caption_evaluate_and_serve_decode_with_the_models_config_when_no_flag_i
 
     monkeypatch.setattr(evaluate, "load_captioner", lambda *a, **kw: model)
     monkeypatch.setattr(datasets, "load_records", lambda data, split: [])
-    monkeypatch.setattr(evaluate, "cached_grids", lambda model, records: None)
+    monkeypatch.setattr(evaluate, "cached_grids", lambda model, records, data=None: None)
     monkeypatch.setattr(evaluate, "format_table", lambda result, split: "")
     monkeypatch.setattr(evaluate, "evaluate_model",
                         lambda model, records, options, **kw: seen.setdefault("evaluate", options) and {})

@@ -194,9 +194,11 @@ def test_an_old_objective_reads_as_the_section_of_the_objective_it_trained_with(
     saved = _old_objective(config_to_dict(load_config("smoke")), **old)
     saved["model"]["attention"]["attention"] = attention
     before = json.dumps(saved, sort_keys=True)
-    # grounding_weight (issue 52), label smoothing and scheduled sampling (issue 55) are newer than every old
-    # layout: their defaults (the schedule only where the cross-entropy sections have it)
-    newer = {"grounding_weight": 0.0, "label_smoothing": 0.0}
+    # grounding_weight (issue 52), label smoothing and scheduled sampling (issue 55) and the grounding term's form
+    # (issue 62) are newer than every old layout: their defaults (the schedule only where the cross-entropy
+    # sections have it)
+    newer = {"grounding_weight": 0.0, "grounding_loss": "cross_entropy", "grounding_power": 1.0,
+             "label_smoothing": 0.0}
     if section["kind"] != "scst":
         newer.update(scheduled_sampling_start=-1, scheduled_sampling_increase_every=5,
                      scheduled_sampling_increase_prob=0.05, scheduled_sampling_max_prob=0.25)
