@@ -83,7 +83,7 @@ def test_the_dropout_rates_may_differ_and_are_listed(smoke_checkpoint):
 def test_any_other_difference_is_still_refused(smoke_checkpoint, override, section):
     cfg = load_config(SMOKE, [HARD, REINFORCE, override, f"train.init={smoke_checkpoint}"])
     with pytest.raises(ConfigError, match=f"train.init=.*the config's '{section}' section differs from the "
-                                          f"checkpoint's.*only model.attention.attention"):
+                                          f"checkpoint's.*only data.entities, model.attention.attention"):
         init_weights(cfg, None, load_init(str(smoke_checkpoint)))  # refused before a weight is read
 
 
@@ -104,6 +104,13 @@ def test_the_shipped_soft_model_starts_the_hard_from_soft_config():
     assert cfg.train.init == "flickr8k_soft"
     assert _changes(load_init(cfg.train.init), cfg) == ["model.attention.attention: 'soft' -> 'hard'",
                                                          "model.decoder.feature_dropout: 0.5 -> 0.3"]
+
+
+def test_the_shipped_soft_model_starts_the_pointing_finetune_config():
+    """The boxes' folder is read by the grounding term only: a model trained without boxes may start one with."""
+    cfg = load_config("flickr8k_soft_pointing_finetune")
+    assert cfg.train.init == "flickr8k_soft" and cfg.data.entities
+    assert _changes(load_init(cfg.train.init), cfg) == ["data.entities: '' -> 'data/flickr8k/flickr30k_entities'"]
 
 
 @pytest.fixture
