@@ -42,7 +42,7 @@ from captioner.models.decoders import DECODERS, DecoderFamilyConfig
 
 # The names of the code's choices, torch-free (the registries beside the code are tested equal to them).
 # The allowed values and ranges validate() checks, keyed by dotted path, are there too (CHOICES, POSITIVE, ...).
-from captioner.names import CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
+from captioner.names import BACKBONES, CHOICES, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL
 
 # train.objective is the section of one training objective, a dataclass of its own picked by train.objective.kind
 # (captioner/objective_sections.py, torch-free, on the floor: not the objectives' code in training/)
@@ -307,6 +307,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.val_share + data.test_share must be < 1 (training needs images), got "
                           f"{cfg.data.val_share} + {cfg.data.test_share}")
     enc = cfg.model.encoder
+    if enc.name not in BACKBONES and not enc.name.startswith("timm:"):
+        raise ConfigError(f"model.encoder.name: {enc.name!r} is not one of {', '.join(BACKBONES)}, "
+                          "timm:<timm model name>")
     if enc.name.startswith("timm:") and enc.finetune_blocks and cfg.data.use_cache:
         raise ConfigError(f"model.encoder.finetune_blocks={enc.finetune_blocks} with model.encoder.name={enc.name!r} "
                           "needs data.use_cache=false: a timm backbone cannot be split below its trainable blocks, "

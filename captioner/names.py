@@ -11,15 +11,18 @@ config). The code that behaves differently per name owns the behaviour:
   (``training/wblog.py``, as MODES) and ENSEMBLE_ATTENTIONS (``models/ensemble.py``, ``commands/caption.py``,
   ``commands/evaluate.py``);
 - what a name builds is registered here once, as a lazy ``"module:attr"`` path (registration.Registry): SCORERS
-  (``models/scorers.py``), ATTENTIONS (``models/attention.py``), DATA_FORMATS (``data/datasets.py``); the code
-  builds through them, and no other table of those names exists.
+  (``models/scorers.py``), ATTENTIONS (``models/attention.py``), DATA_FORMATS (``data/datasets.py``), BACKBONES
+  (``models/backbones.py``), GROUNDING_SOURCES (``evaluation/regions.py``) and GROUNDING_METRICS
+  (``evaluation/grounding.py``, ``evaluation/localization.py``); the code builds through them, and no other table
+  of those names exists.
 
 The decoder families and the training objectives are not named here: each owns its section (``model.decoder``,
 ``train.objective``), a torch-free dataclass the config reads through its family's table (``captioner/models/
 decoders``' DECODERS, ``captioner/objective_sections.py``'s OBJECTIVES: its kinds, keys, values and checks), which
 names its class (captioner/registration.py).
 
-Adding a scorer, an attention read or a data format is its code and one line in its registry here.
+Adding a scorer, an attention read, a data format, a backbone, a grounding source or a grounding metric is its code
+and one line in its registry here.
 """
 
 from __future__ import annotations
@@ -66,6 +69,32 @@ DATA_FORMATS = Registry("data.format", {
     "coco": "captioner.data.datasets:load_coco",
     "flickr8k": "captioner.data.datasets:load_flickr8k",
     "captions": "captioner.data.datasets:load_captions",
+})
+# model.encoder.name: the backbones, each its family's builder and stage table (models/backbones.py); any other
+# name is ``timm:<timm model name>``
+BACKBONES = Registry("model.encoder.name", {
+    "efficientnet_lite0": "captioner.models.backbones:EFFICIENTNET_LITE0",
+    "efficientnet_lite1": "captioner.models.backbones:EFFICIENTNET_LITE1",
+    "efficientnet_lite2": "captioner.models.backbones:EFFICIENTNET_LITE2",
+    "resnet50": "captioner.models.backbones:RESNET50",
+    "resnet101": "captioner.models.backbones:RESNET101",
+    "resnet152": "captioner.models.backbones:RESNET152",
+    "vgg16": "captioner.models.backbones:VGG16",
+    "vgg19": "captioner.models.backbones:VGG19",
+})
+# the grounding sources, per photo and caption the region each word names (evaluation/regions.py): the shapes
+# records' objects, COCO instance masks (captioner evaluate --instances), Flickr30k Entities (data.entities)
+GROUNDING_SOURCES = Registry("grounding source", {
+    "shapes": "captioner.evaluation.regions:ShapesObjects",
+    "coco": "captioner.evaluation.regions:CocoInstances",
+    "flickr30k_entities": "captioner.evaluation.regions:Flickr30kEntities",
+})
+# the grounding metrics on boxes (evaluation/grounding.BoxGrounding), each a class with ``build`` (grid, the
+# annotations, the classes' photo cut), ``add`` (one caption read: grounding.CaptionRead), ``figures`` (merged into
+# the evaluation's "boxes") and ``lines`` (its rows of the table); validation computes the first only
+GROUNDING_METRICS = Registry("grounding metric", {
+    "pointing": "captioner.evaluation.grounding:PointingFigures",
+    "localization": "captioner.evaluation.localization:LocalizationFigures",
 })
 # the splits every format knows
 SPLITS = ("train", "val", "test")

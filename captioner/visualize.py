@@ -158,13 +158,13 @@ def overlay_attention(
             ax.add_patch(Rectangle((x - 0.5, y - 0.5), w, h, fill=False, edgecolor="white", linewidth=2))
         title = word
         if boxes is not None and boxes[i]:
-            from captioner.data.entities import box_fractions
+            from captioner.evaluation.regions import cell_shares, inside
 
             for x0, y0, x1, y1 in boxes[i]:
                 ax.add_patch(Rectangle((x0 * img.size[0] - 0.5, y0 * img.size[1] - 0.5), (x1 - x0) * img.size[0],
                                        (y1 - y0) * img.size[1], fill=False, edgecolor="lime", linewidth=1.5,
                                        linestyle="--"))
-            share = float((a[i] * box_fractions(boxes[i], grid_hw)).sum() / max(float(a[i].sum()), 1e-12))
+            share = inside(a[i], cell_shares(boxes[i], grid_hw))
             title = f"{word}\n{share:.2f} in box"
         ax.set_title(title)
         ax.axis("off")

@@ -12,9 +12,10 @@ throughput) and the weights of last.pt, tensor by tensor. Evaluated: ``captioner
 with the PTB tokenizer, key for key. Prints one line per run and exits 1 if anything differs. The runs go to
 ``--out`` (default runs/same-floats), one at a time (2 cores: a training epoch of Flickr8k takes minutes).
 
-``--bench N``: the speed, too: ``scripts/bench.py --only train,decode --configs F8K --json`` in each checkout in
-turn, N rounds (before, after, before, ...: the machine's drift touches both alike), then per rate the median of
-the N paired ratios after/before with their range. A rate, not a float to match: it reports, never fails.
+``--bench N``: the speed, too: ``scripts/bench.py --only train,decode --configs F8K --json`` (``--bench-configs``
+picks others: R7,F8K) in each checkout in turn, N rounds (before, after, before, ...: the machine's drift touches
+both alike), then per rate the median of the N paired ratios after/before with their range. A rate, not a float to
+match: it reports, never fails.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _rates(result: Any, path: str = "") -> dict[str, float]:
     return {path: float(result)} if path.endswith("per_s") and isinstance(result, (int, float)) else {}
 
 
-def bench(trees: dict[str, Path], out: Path, rounds: int) -> None:
+def bench(trees: dict[str, Path], out: Path, rounds: int, configs: str = "F8K") -> None:
     import statistics
 
     ratios: dict[str, list[float]] = {}
@@ -118,7 +119,7 @@ def bench(trees: dict[str, Path], out: Path, rounds: int) -> None:
         for side, tree in trees.items():
             log = out / f"{side}-bench-{i}.json"
             print(f"  round {i + 1}/{rounds}: {side} ...", flush=True)
-            _run(tree, [], log, script=["scripts/bench.py", "--only", "train,decode", "--configs", "F8K", "--json"])
+            _run(tree, [], log, script=["scripts/bench.py", "--only", "train,decode", "--configs", configs, "--json"])
             rates[side] = _rates(json.loads(log.read_text()))
         for key in rates["before"].keys() & rates["after"].keys():
             ratios.setdefault(key, []).append(rates["after"][key] / rates["before"][key])
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", nargs="*", default=[], help="shipped models to evaluate on val in both")
     parser.add_argument("--set", action="append", default=[], help="an override both sides' training takes")
     parser.add_argument("--bench", type=int, default=0, metavar="N", help="also N rounds of bench.py, alternating")
+    parser.add_argument("--bench-configs", default="F8K", help="bench.py's --configs (e.g. R7,F8K)")
     parser.add_argument("--out", type=Path, default=Path("runs/same-floats"))
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in diffs[:20]:
                 print(f"    {line}")
     if args.bench:
-        bench(trees, out, args.bench)
+        bench(trees, out, args.bench, args.bench_configs)
     return 1 if failed else 0
 
 

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from captioner.evaluation.metrics import CocoInstanceRegions
-from captioner.evaluation.split import coco_image_id
+from captioner.evaluation.regions import CocoInstances, coco_image_id, word_shares
 
 
 @pytest.fixture
@@ -22,26 +21,33 @@ def instances(tmp_path):
     }
     path = tmp_path / "instances_val2014.json"
     path.write_text(json.dumps(doc))
-    return CocoInstanceRegions(path)
+    return CocoInstances(path)
+
+
+def grounding(instances, image_id, words, alphas, grid_hw):
+    """The mean share of one caption's category words, or None when no word names a category."""
+    shares = word_shares(instances.image_regions(image_id, words), alphas, grid_hw)
+    return float(np.mean(shares)) if shares else None
 
 
 def test_attention_on_the_dog_mask_scores_one_and_off_it_zero(instances):
     left = np.array([[0.5, 0.0, 0.5, 0.0]])  # 2x2 grid, mass in the left column, where the dog is
     right = np.array([[0.0, 0.5, 0.0, 0.5]])
-    assert instances.grounding(42, ["dog"], left, (2, 2)) == pytest.approx(1.0, abs=0.05)
-    assert instances.grounding(42, ["dogs"], right, (2, 2)) == pytest.approx(0.0, abs=0.05)
+    assert grounding(instances, 42, ["dog"], left, (2, 2)) == pytest.approx(1.0, abs=0.05)
+    assert grounding(instances, 42, ["dogs"], right, (2, 2)) == pytest.approx(0.0, abs=0.05)
 
 
 def test_words_without_a_region_are_ignored(instances):
     alphas = np.full((3, 4), 0.25)
-    assert instances.grounding(42, ["a", "cat", "sleeps"], alphas, (2, 2)) is None  # cat: not in the image/file
-    assert instances.grounding(7, ["dog"], alphas[:1], (2, 2)) is None  # image not in the file
+    assert grounding(instances, 42, ["a", "cat", "sleeps"], alphas, (2, 2)) is None  # cat: not in the image/file
+    assert grounding(instances, 7, ["dog"], alphas[:1], (2, 2)) is None  # image not in the file
+    assert grounding(instances, 42, ["teddy", "dog"], np.full((2, 4), 0.25), (2, 2)) == pytest.approx(0.5)
     assert instances.category("teddy") is None  # multi-word names are not matched word by word
 
 
 def test_missing_instances_file_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="instances_val2014.json"):
-        CocoInstanceRegions(tmp_path / "instances_val2014.json")
+        CocoInstances(tmp_path / "instances_val2014.json")
 
 
 def test_coco_image_id_from_file_name():

@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner.models.encoder import ENCODERS, build_encoder
+from captioner.models.encoder import build_encoder
 from captioner.models.weights import EncoderWeightsError, efficientnet_lite0_state_dict, map_by_position
+from captioner.names import BACKBONES
 
 torch.set_num_threads(1)
 
@@ -94,7 +95,7 @@ def test_grid_shapes_for_every_encoder(name, stage, stride, dim, no_network):
     assert torch.isfinite(grid).all()
     json.dumps(encoder.fingerprint())  # JSON-able
     if not name.startswith("timm:"):
-        assert ENCODERS[name][encoder.stage] == (stride, dim)
+        assert BACKBONES.get(name).stages[encoder.stage] == (stride, dim)
 
 
 @pytest.mark.parametrize("name,stage", [("efficientnet_lite0", 3), ("resnet50", 0), ("vgg16", 3)])
@@ -109,7 +110,7 @@ def test_computed_grid_hw_matches_the_forward_pass_at_odd_sizes(name, stage):
 
 def test_native_stage_224_grids_follow_the_stage_strides(no_network):
     # 224 px over the default (last) stage's stride 32; the paper's 14 x 14 comes from the stride-16 stage
-    stages = ENCODERS["efficientnet_lite0"]
+    stages = BACKBONES.get("efficientnet_lite0").stages
     assert build_encoder(pretrained=False).grid_hw == (224 // stages[-1][0],) * 2 == (7, 7)
     assert build_encoder(pretrained=False, stage=3).grid_hw == (224 // stages[3][0],) * 2 == (14, 14)
 

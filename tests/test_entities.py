@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from captioner.data.entities import (
-    box_fractions,
     clip_boxes,
     entity_id,
     lemma,
@@ -19,6 +18,7 @@ from captioner.data.entities import (
 )
 from captioner.data.records import DataError
 from captioner.evaluation.grounding import BoxGrounding, centre_cell, format_grounding
+from captioner.evaluation.regions import cell_shares
 from tests.entities_fixture import write_photo
 
 # --------------------------------------------------------------------------- the reader
@@ -68,7 +68,7 @@ def test_several_boxes_of_one_chain_are_its_union(tmp_path):
     write_photo(tmp_path, "9", ["[/EN#4/animals Two dogs] play"], (100, 100),
                 {"4": [(1, 1, 50, 50), (51, 51, 100, 100)]})
     photo = read_entities(tmp_path, ["9"]).get("9")
-    assert box_fractions(photo.phrase_boxes(photo.sentences[0].phrases[0]), (2, 2)).tolist() == [1, 0, 0, 1]
+    assert cell_shares(photo.phrase_boxes(photo.sentences[0].phrases[0]), (2, 2)).tolist() == [1, 0, 0, 1]
 
 
 @pytest.mark.parametrize("line", ["[/EN#1/people A man walks", "A man] walks", "[/EN#/people A man] walks",
@@ -121,13 +121,13 @@ def test_lemmas():
         "dog", "man", "puppy", "box", "dress", "jeans", "bus", "dog", "woman"]
 
 
-def test_box_fractions_are_exact_area_shares():
-    assert box_fractions([(0.0, 0.0, 0.5, 0.5)], (2, 2)).tolist() == [1, 0, 0, 0]
-    np.testing.assert_allclose(box_fractions([(0.25, 0.25, 0.75, 0.75)], (2, 2)), [0.25] * 4)
+def test_cell_shares_of_boxes_are_exact_area_shares():
+    assert cell_shares([(0.0, 0.0, 0.5, 0.5)], (2, 2)).tolist() == [1, 0, 0, 0]
+    np.testing.assert_allclose(cell_shares([(0.25, 0.25, 0.75, 0.75)], (2, 2)), [0.25] * 4)
     # overlapping boxes count once: [0, .5] and [.25, .75] across the top row cover .75 of its width
-    np.testing.assert_allclose(box_fractions([(0, 0, 0.5, 0.5), (0.25, 0, 0.75, 0.5)], (2, 2)), [1, 0.5, 0, 0])
-    np.testing.assert_allclose(box_fractions([(0.1, 0.2, 0.4, 0.9)], (3, 3)).sum() / 9, 0.3 * 0.7)
-    assert box_fractions([], (7, 7)).sum() == 0 and centre_cell((7, 7)) == 24 and centre_cell((2, 2)) == 3
+    np.testing.assert_allclose(cell_shares([(0, 0, 0.5, 0.5), (0.25, 0, 0.75, 0.5)], (2, 2)), [1, 0.5, 0, 0])
+    np.testing.assert_allclose(cell_shares([(0.1, 0.2, 0.4, 0.9)], (3, 3)).sum() / 9, 0.3 * 0.7)
+    assert cell_shares([], (7, 7)).sum() == 0 and centre_cell((7, 7)) == 24 and centre_cell((2, 2)) == 3
 
 
 # --------------------------------------------------------------------------- the figures, by hand
@@ -332,3 +332,41 @@ def test_a_phrase_whose_boxes_all_clip_to_nothing_counts_in_no_setting(tmp_path)
     _, hit = targets.lookup(torch.tensor([0]), torch.tensor([[vocab.id("man"), vocab.id("cat")]]))
     assert hit.tolist() == [[True, False]]  # supervised attention: the man's map only
     assert word_boxes(photo, ["man", "cat"])[1] is None  # and the overlays draw no box for the cat
+
+
+class WordCount:
+    """A toy grounding metric: the scored words per setting (what a new metric needs: a class and one line)."""
+
+    def __init__(self) -> None:
+        self.counts = {"generated": 0, "teacher_forced": 0}
+
+    @classmethod
+    def build(cls, grid_hw, entities, class_photos):
+        return cls()
+
+    def add(self, caption) -> None:
+        self.counts[caption.setting] += len(caption.scored)
+
+    def figures(self) -> dict:
+        return {"word_count": dict(self.counts)}
+
+    @staticmethod
+    def lines(figures: dict) -> list[str]:
+        return [f"scored words: {figures['word_count']}"] if figures.get("word_count") else []
+
+
+def test_a_grounding_metric_is_one_class_and_one_registry_line(photo_folder, monkeypatch):
+    from captioner.names import GROUNDING_METRICS
+
+    monkeypatch.setitem(GROUNDING_METRICS.paths, "word_count", f"{__name__}:WordCount")
+    entities = read_entities(photo_folder, ["100_a"])
+    g = BoxGrounding(entities, (2, 2))
+    g.add_teacher_forced(entities.get("100_a"), 0, TF_ALPHAS)
+    g.add_generated("100_a", ["a", "man", "and", "a", "cat"], np.full((5, 4), 0.25))
+    figures = g.figures()
+    assert figures["word_count"] == {"generated": 2, "teacher_forced": 2}
+    assert figures["teacher_forced"]["words"] == 2 and figures["localization"] is not None  # the others still run
+    assert format_grounding(figures)[-1] == "scored words: {'generated': 2, 'teacher_forced': 2}"
+    only = BoxGrounding(entities, (2, 2), metrics=("word_count",))  # validation's way: the metrics named
+    only.add_generated("100_a", ["a", "cat"], np.full((2, 4), 0.25))
+    assert only.figures()["pointing"] is None and only.figures()["word_count"]["generated"] == 1

@@ -110,7 +110,8 @@ def test_hard_attention_scores_the_cell_it_read(records):
 
 
 def test_grounding_shares_and_cells_read():
-    from captioner.evaluation.metrics import cells_read, grounding_shares
+    from captioner.evaluation.metrics import cells_read
+    from captioner.evaluation.regions import grounding_shares
 
     objects = [{"name": "circle", "box": [0, 0, 32, 32]}]
     alphas = np.stack([spread(INSIDE), spread(INSIDE), spread(OUTSIDE)])

@@ -115,7 +115,7 @@ def test_validation_leaves_the_iou_figures_out(tmp_path):
     """Validation reports pointing only: its BoxGrounding computes no box per word (no map_box on its hot path)."""
     write_photo(tmp_path, "301", ["[/EN#1/people A man] walks ."], (100, 100), {"1": [(1, 1, 25, 25)]})
     entities = read_entities(tmp_path, ["301_x"])
-    grounding = BoxGrounding(entities, GRID, localization=False)
+    grounding = BoxGrounding(entities, GRID, metrics=("pointing",))
     grounding.add_generated("301_x", ["a", "man", "walks"], np.stack([cell(0)] * 3))
     figures = grounding.figures()
     assert figures["localization"] is None and figures["generated"]["pointing"] == 1.0

@@ -5,13 +5,8 @@ import pytest
 import torch
 
 import captioner.evaluation.metrics as metrics
-from captioner.evaluation.metrics import (
-    CAPTION_METRICS,
-    caption_scores,
-    grounding_from_mask,
-    grounding_shares,
-    region_fraction,
-)
+from captioner.evaluation.metrics import CAPTION_METRICS, caption_scores
+from captioner.evaluation.regions import cell_shares, grounding_shares, inside
 
 REFS = {
     "1": ["A red circle above a blue square.", "a red circle over a blue square"],
@@ -130,7 +125,7 @@ def test_grounding_uses_cell_area_fractions_and_box_unions():
     boxes = [{"name": "square", "box": [0, 0, 16, 16]}, {"name": "square", "box": [8, 0, 32, 16]}]
     assert grounding_shares(["square"], alpha_on([0, 1])[None], GRID, boxes, SIZE) == pytest.approx([1.0])
     # grid that does not divide the image: 3 cells over 10 pixels, box = first 5 pixels
-    frac = region_fraction((1, 3), np.pad(np.ones((1, 5)), ((0, 0), (0, 5))))
+    frac = cell_shares(np.pad(np.ones((1, 5)), ((0, 0), (0, 5))), (1, 3))  # a mask
     assert frac == pytest.approx([1.0, (5 - 10 / 3) / (10 / 3), 0.0])
 
 
@@ -150,8 +145,21 @@ def test_grounding_shape_errors_name_the_sizes():
 def test_grounding_from_mask():
     mask = np.zeros((64, 64), dtype=bool)
     mask[:32, :32] = True
-    assert grounding_from_mask(alpha_on([0, 5]), GRID, mask) == pytest.approx(1.0)
-    assert grounding_from_mask(alpha_on([0, 15]), GRID, mask) == pytest.approx(0.5)
+    assert inside(alpha_on([0, 5]), cell_shares(mask, GRID)) == pytest.approx(1.0)
+    assert inside(alpha_on([0, 15]), cell_shares(mask, GRID)) == pytest.approx(0.5)
+    assert inside(np.zeros(16), cell_shares(mask, GRID)) == 0.0  # an all-zero map has no weight anywhere
+
+
+def test_one_rasteriser_reads_boxes_and_masks_alike():
+    """A box given as normalised coordinates and as the pixel mask it covers give the same cell shares, on a grid
+    that divides the photo unevenly (3 x 3 cells over 10 x 10 pixels)."""
+    mask = np.zeros((10, 10))
+    mask[2:7, 1:4] = 1.0  # rows 2..6, columns 1..3
+    by_box = cell_shares([(0.1, 0.2, 0.4, 0.7)], (3, 3))
+    np.testing.assert_allclose(by_box, cell_shares(mask, (3, 3)), atol=1e-12)
+    assert by_box.sum() / 9 == pytest.approx(0.3 * 0.5)  # the box's area share
+    with pytest.raises(ValueError, match="mask must be"):
+        cell_shares(np.zeros((2, 2, 2)), (3, 3))
 
 
 # ------------------------------------------------------------------ tokenizers

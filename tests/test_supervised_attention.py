@@ -190,7 +190,8 @@ def test_photos_of_another_data_set_are_refused_by_name(data, tmp_path):
     (empty / "Sentences").mkdir(parents=True)
     (empty / "Annotations").mkdir()
     cfg.data.entities = str(empty)
-    with pytest.raises(ConfigError, match=r"no word of the training captions names a boxed phrase .* 12 without"):
+    with pytest.raises(ConfigError, match=r"grounding_weight: .*other_entities: no Flickr30k Entities annotation "
+                                          r"for any of the 12 photos of the training split"):
         build_objective(cfg, model, train_set, from_images=True)
 
 

@@ -114,11 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("argument --entities: draws boxes on the overlays, so it needs --attention-out DIR")
     entities = None
     if args.entities:
-        from captioner.data.entities import read_entities
         from captioner.data.records import DataError
+        from captioner.evaluation.regions import open_entities
 
         try:
-            entities = read_entities(args.entities, [p.stem for p in paths])
+            entities = open_entities(args.entities, [p.stem for p in paths], "the photos captioned")
         except DataError as err:
             print(f"captioner caption: {err}", file=sys.stderr)
             return 2

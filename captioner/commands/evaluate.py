@@ -108,17 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     entities = None
     entities_dir = args.entities or cfg.data.entities
     if entities_dir:
-        from captioner.data.entities import read_entities
         from captioner.data.records import DataError
+        from captioner.evaluation.regions import open_entities
 
         try:
-            entities = read_entities(entities_dir, [r.image_id for r in records])
+            entities = open_entities(entities_dir, [r.image_id for r in records], f"split {split!r}")
         except DataError as err:
             print(f"captioner evaluate: {err}", file=sys.stderr)
-            return 2
-        if not entities.images:
-            print(f"captioner evaluate: {entities_dir}: no annotation for any of the {len(records)} photos of "
-                  f"split {split!r} (is it the Flickr30k Entities folder of this data set?)", file=sys.stderr)
             return 2
     cache = None if args.no_cache or args.jpeg_quality is not None else cached_grids(model, records, data)
     result = evaluate_model(model, records, options, tokenizer=tokenizer, cache=cache,

@@ -15,7 +15,7 @@ to the photo and drops those left without area, for every reader alike: a phrase
 is boxed nowhere.
 
 ``read_entities`` reads the photos of a split (those without files are counted, not an error); a malformed file is
-a ``DataError`` naming the file and line. ``box_fractions`` rasterises boxes exactly onto an attention grid. A
+a ``DataError`` naming the file and line (evaluation/regions.py rasterises the boxes onto an attention grid). A
 phrase's word for grounding is its head noun, taken as its last word ("a set of stairs" -> "stairs"): the
 grounding figures and the supervised attention term (training/losses.attention_supervision_loss) both read it.
 ``lemma`` folds plurals so a generated "dogs" matches a boxed "dog".
@@ -28,8 +28,6 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
-
-import numpy as np
 
 from captioner.data.records import DataError
 from captioner.data.vocab import tokenize
@@ -301,24 +299,3 @@ def read_entities(folder: str | Path, image_ids: Iterable[str]) -> Entities:
         else:
             images[key] = entry
     return Entities(folder, images, missing)
-
-
-def box_fractions(boxes: Sequence[Sequence[float]], grid_hw: tuple[int, int]) -> np.ndarray:
-    """(H*W,) the share of each grid cell's area inside the union of normalised boxes [x0, y0, x1, y1], exactly
-    (the plane is cut at every cell and box edge; overlapping boxes count once), row-major as alpha is."""
-    H, W = grid_hw
-    if not boxes:
-        return np.zeros(H * W)
-    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)  # (n, 4)
-    xs = np.unique(np.clip(np.concatenate([np.arange(W + 1) / W, b[:, 0], b[:, 2]]), 0.0, 1.0))
-    ys = np.unique(np.clip(np.concatenate([np.arange(H + 1) / H, b[:, 1], b[:, 3]]), 0.0, 1.0))
-    mx, my = (xs[:-1] + xs[1:]) / 2, (ys[:-1] + ys[1:]) / 2  # midpoints of the elementary strips
-    inside_x = (b[:, None, 0] <= mx) & (mx < b[:, None, 2])  # (n, nx)
-    inside_y = (b[:, None, 1] <= my) & (my < b[:, None, 3])  # (n, ny)
-    covered = (inside_y[:, :, None] & inside_x[:, None, :]).any(0)  # (ny, nx)
-    area = np.diff(ys)[:, None] * np.diff(xs)[None, :] * covered  # (ny, nx)
-    rows = np.minimum((my * H).astype(int), H - 1)  # the cell row of each strip
-    cols = np.minimum((mx * W).astype(int), W - 1)
-    out = np.zeros((H, W))
-    np.add.at(out, (rows[:, None], cols[None, :]), area)
-    return (out * H * W).reshape(H * W)  # area share of each cell (a cell's area is 1 / (H W))

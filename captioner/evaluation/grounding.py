@@ -2,7 +2,7 @@
 the word names?
 
 Per scored word the data give ``f`` (L,), the share of each grid cell's area inside the boxes the word's phrase
-names (entities.box_fractions), and the model gives its map ``a`` (L,) (alpha; in hard attention's one-cell modes
+names (regions.cell_shares), and the model gives its map ``a`` (L,) (alpha; in hard attention's one-cell modes
 the one-hot of the cell read, since the word saw that cell only). The figures, each a mean over words:
 
 - ``inside``: Σ_l a_l f_l, the attention weight inside the boxes: Liu et al. (AAAI 2017)'s "attention
@@ -32,6 +32,11 @@ rule supervised attention reads too): a phrase whose boxes all clip to nothing i
 Each figure is also given per phrase type (people, animals, clothing, body parts, scene, vehicles, other), the
 first type a phrase lists. On the same words, the figures the literature reports, a box per word and its IoU with
 the object's boxes (GVD's grounding accuracy, F1_all and F1_loc), come from evaluation/localization.py.
+
+These are grounding metrics, registered in ``names.GROUNDING_METRICS``: ``BoxGrounding`` reads each caption once
+(its words, maps, the words scored with their boxes' cell shares) into a ``CaptionRead`` and hands it to every
+metric; each gives its figures and its lines of the table. Adding one is its class (``build``, ``add``,
+``figures``, ``lines``) and one line in that registry.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from captioner.data.entities import ROWS, Entities, EntityImage, box_fractions, lemma
-from captioner.evaluation.localization import CLASS_PHOTOS, Localization, frequent_classes
+from captioner.data.entities import ROWS, Entities, EntityImage, lemma
+from captioner.evaluation.localization import CLASS_PHOTOS
 from captioner.evaluation.metrics import cells_read
+from captioner.evaluation.regions import Flickr30kEntities, cell_shares, inside
 
 FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
 MOSTLY_INSIDE = 0.5  # a cell "lies in the boxes" when at least half its area does
@@ -81,13 +87,13 @@ class GroundingTally:
         """{"words", every FIGURES value, "by_type": {row: {"words", FIGURES...}}}; figures None without words."""
         if not self.maps:
             return {"words": 0, "photos": 0, **{k: None for k in FIGURES}, "by_type": {}}
-        a = np.stack(self.maps)  # (N, L)
-        a = a / np.clip(a.sum(1, keepdims=True), 1e-12, None)
+        maps = np.stack(self.maps)  # (N, L)
+        a = maps / np.clip(maps.sum(1, keepdims=True), 1e-12, None)
         f = np.stack(self.fractions)  # (N, L)
         mean_map = self.map_sum / max(self.map_sum.sum(), 1e-12)  # (L,)
         rows = np.asarray(self.rows)
         per_word = {
-            "inside": (a * f).sum(1),
+            "inside": inside(maps, f),
             "uniform": f.mean(1),
             "mean_map": f @ mean_map,
             "pointing": f[np.arange(len(f)), a.argmax(1)] >= MOSTLY_INSIDE,
@@ -109,38 +115,108 @@ def _one_cell(alphas: np.ndarray, locations: Sequence[int] | None) -> np.ndarray
     return cells_read(cells[: len(alphas)], alphas.shape[1]).astype(np.float64)
 
 
+@dataclass
+class ScoredWord:
+    """A word of a caption that names boxed objects: its position, the cell shares of its boxes
+    (regions.cell_shares), its phrase-type row, the boxes and its class (the head noun's lemma)."""
+
+    index: int
+    cells: np.ndarray
+    row: str
+    boxes: list
+    key: str
+
+
+@dataclass
+class CaptionRead:
+    """One caption as every grounding metric reads it: ``setting`` ("generated": the model's own caption;
+    "teacher_forced": an annotated reference read by the model), the words' lemmas, their maps (n, L), the words
+    scored, and the photo's boxed head nouns -> boxes (what a generated caption could have named)."""
+
+    setting: str
+    lemmas: list[str]
+    maps: np.ndarray
+    scored: list[ScoredWord]
+    annotated: dict[str, list]
+
+
+class PointingFigures:
+    """The figures of the module docstring (pointing, inside and their baselines), per setting."""
+
+    def __init__(self, grid_hw: tuple[int, int]) -> None:
+        self.tallies = {"generated": GroundingTally(grid_hw), "teacher_forced": GroundingTally(grid_hw)}
+
+    @classmethod
+    def build(cls, grid_hw: tuple[int, int], entities: Entities, class_photos: int) -> "PointingFigures":
+        return cls(grid_hw)
+
+    def add(self, caption: CaptionRead) -> None:
+        tally = self.tallies[caption.setting]
+        tally.attended(caption.maps)
+        for word in caption.scored:
+            tally.add(caption.maps[word.index], word.cells, word.row)
+        tally.photos += bool(caption.scored)
+
+    def figures(self) -> dict[str, Any]:
+        return {setting: tally.figures() for setting, tally in self.tallies.items()}
+
+    @staticmethod
+    def lines(figures: dict[str, Any]) -> list[str]:
+        """Its lines of the evaluation table (none when it was not computed)."""
+        if figures.get("generated") is None and figures.get("teacher_forced") is None:
+            return []
+        rows = [f"{'':<16}{'words':>7} {'inside':>7} {'unif.':>6} {'mean':>6} | {'point':>6} {'mean':>6} "
+                f"{'centre':>7}"]
+        for setting in ("generated", "teacher_forced"):
+            g = figures.get(setting)
+            if not g or not g["words"]:
+                rows.append(f"{setting.replace('_', '-'):<16} no word matched a boxed phrase")
+                continue
+            for label, f in [(setting.replace("_", "-"), g)] + [(f"  {row}", v) for row, v in g["by_type"].items()]:
+                rows.append(f"{label:<16}{f['words']:>7} {f['inside']:7.3f} {f['uniform']:6.3f} "
+                            f"{f['mean_map']:6.3f} | {100 * f['pointing']:5.1f}% {100 * f['mean_map_pointing']:5.1f}% "
+                            f"{100 * f['centre_pointing']:6.1f}%")
+        return rows
+
+
 class BoxGrounding:
-    """The box figures of one evaluation, generated and teacher-forced, filled caption by caption.
+    """The box figures of one evaluation, generated and teacher-forced, filled caption by caption: each caption
+    goes to every grounding metric named (``names.GROUNDING_METRICS``: the pointing figures here, GVD's IoU figures
+    in evaluation/localization.py), and their figures are merged.
 
     Args:
-        entities: the annotations of the photos evaluated (data.entities.read_entities).
+        entities: the annotations of the photos evaluated (regions.open_entities).
         grid_hw: (H, W) of the attention grid.
         one_cell: the maps scored are the cells read (hard attention's one-cell decoding), not alpha.
-        localization: also the IoU figures (evaluation/localization.py; validation, which reports pointing only,
-            leaves them out).
+        metrics: the grounding metrics computed (validation, which reports pointing only, names that one); a
+            metric left out reports None.
         class_photos: the IoU figures' object classes are the head nouns boxed in at least this many of the
             photos (localization.CLASS_PHOTOS).
     """
 
     def __init__(self, entities: Entities, grid_hw: tuple[int, int], one_cell: bool = False,
-                 localization: bool = True, class_photos: int = CLASS_PHOTOS) -> None:
+                 metrics: Sequence[str] | None = None, class_photos: int = CLASS_PHOTOS) -> None:
+        from captioner.names import GROUNDING_METRICS
+
         self.entities = entities
+        self.source = Flickr30kEntities(entities)
         self.grid_hw = grid_hw
         self.one_cell = one_cell
-        self.generated = GroundingTally(grid_hw)
-        self.teacher_forced = GroundingTally(grid_hw)
         self.class_photos = class_photos
-        self.localization = (Localization(grid_hw, frequent_classes(entities.images.values(), class_photos))
-                             if localization else None)
-        self._heads: dict[str, dict[str, tuple[np.ndarray, str, list]]] = {}
+        names = list(GROUNDING_METRICS) if metrics is None else list(metrics)
+        self.metrics = {name: GROUNDING_METRICS.get(name).build(grid_hw, entities, class_photos) for name in names}
+        self._cells: dict[tuple[str, str], np.ndarray] = {}
         self.without_annotation = 0
 
-    def heads(self, photo: EntityImage) -> dict[str, tuple[np.ndarray, str, list]]:
-        """lemma -> (cell fractions of its boxes, row, the boxes), per photo, computed once."""
-        if photo.image_id not in self._heads:
-            self._heads[photo.image_id] = {key: (box_fractions(boxes, self.grid_hw), row, boxes)
-                                           for key, (boxes, row) in photo.boxed_heads().items()}
-        return self._heads[photo.image_id]
+    def _scored(self, image_id: str, index: int, key: str, boxes: list, row: str) -> ScoredWord:
+        """A scored word, its boxes' cell shares rasterised once per photo and class."""
+        if (image_id, key) not in self._cells:
+            self._cells[image_id, key] = cell_shares(boxes, self.grid_hw)
+        return ScoredWord(index, self._cells[image_id, key], row, boxes, key)
+
+    def _add(self, caption: CaptionRead) -> None:
+        for metric in self.metrics.values():
+            metric.add(caption)
 
     def add_generated(self, image_id: str, words: Sequence[str], alphas: np.ndarray,
                       locations: Sequence[int] | None = None) -> None:
@@ -152,18 +228,10 @@ class BoxGrounding:
             return
         alphas = np.asarray(alphas, dtype=np.float64)[: len(words)]
         maps = _one_cell(alphas, locations) if self.one_cell or locations is not None else alphas
-        self.generated.attended(maps)
-        heads = self.heads(photo)
-        lemmas = [lemma(word) for word in words]
-        scored = 0
-        for i, key in enumerate(lemmas):
-            hit = heads.get(key)
-            if hit is not None:
-                self.generated.add(maps[i], hit[0], hit[1])
-                scored += 1
-        self.generated.photos += scored > 0
-        if self.localization is not None:
-            self.localization.add_generated(lemmas, maps, {key: hit[2] for key, hit in heads.items()})
+        regions = self.source.word_regions(image_id, words)
+        scored = [self._scored(photo.image_id, i, r.key, r.region, r.row) for i, r in enumerate(regions) if r]
+        annotated = {key: boxes for key, (boxes, _) in photo.boxed_heads().items()}
+        self._add(CaptionRead("generated", [lemma(word) for word in words], maps, scored, annotated))
 
     def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,
                            max_length: int | None = None) -> None:
@@ -176,24 +244,21 @@ class BoxGrounding:
         read = len(sentence.tokens) if max_length is None else min(len(sentence.tokens), max_length)
         alphas = np.asarray(alphas, dtype=np.float64)[:read]
         maps = _one_cell(alphas, None) if self.one_cell else alphas
-        self.teacher_forced.attended(maps)
-        scored = 0
+        scored = []
         for phrase in sentence.phrases:
             boxes = photo.phrase_boxes(phrase)
-            if not boxes or phrase.head >= len(maps):
-                continue
-            self.teacher_forced.add(maps[phrase.head], box_fractions(boxes, self.grid_hw), phrase.row)
-            if self.localization is not None:
-                self.localization.add_teacher_forced(maps[phrase.head], boxes, lemma(sentence.tokens[phrase.head]))
-            scored += 1
-        self.teacher_forced.photos += scored > 0
+            if boxes and phrase.head < len(maps):
+                scored.append(ScoredWord(phrase.head, cell_shares(boxes, self.grid_hw), phrase.row, boxes,
+                                         lemma(sentence.tokens[phrase.head])))
+        self._add(CaptionRead("teacher_forced", [lemma(t) for t in sentence.tokens[:read]], maps, scored, {}))
 
     def figures(self) -> dict[str, Any]:
-        localization = None if self.localization is None else {**self.localization.figures(),
-                                                               "class_photos": self.class_photos}
-        return {"generated": self.generated.figures(), "teacher_forced": self.teacher_forced.figures(),
-                "localization": localization,
-                "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
+        from captioner.names import GROUNDING_METRICS
+
+        out: dict[str, Any] = {name: None for name in GROUNDING_METRICS if name not in self.metrics}
+        for metric in self.metrics.values():
+            out.update(metric.figures())
+        return {**out, "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
                 "source": str(self.entities.folder)}
 
 
@@ -218,44 +283,22 @@ def word_grounding(photo: EntityImage | None, words: Sequence[str], alphas: Any,
         if not boxes:
             out.append(None)
             continue
-        f = box_fractions(boxes, grid_hw)
-        out.append({"word": words[i], "inside": float((a[i] * f).sum() / max(a[i].sum(), 1e-12)),
+        f = cell_shares(boxes, grid_hw)
+        out.append({"word": words[i], "inside": inside(a[i], f),
                     "pointing": bool(f[int(a[i].argmax())] >= MOSTLY_INSIDE),
                     "centre": bool(f[centre_cell(grid_hw)] >= MOSTLY_INSIDE), "uniform": float(f.mean())})
     return out
 
 
 def format_grounding(figures: dict[str, Any]) -> list[str]:
-    """The box-grounding lines of an evaluation table."""
+    """The box-grounding lines of an evaluation table: a heading, then each grounding metric's lines (its
+    ``lines``), for the metrics computed."""
+    from captioner.names import GROUNDING_METRICS
+
     rows = [f"boxes      Flickr30k Entities, {figures['photos']} photos"
             + (f" ({figures['photos_without_annotation']} without annotation, skipped)"
                if figures["photos_without_annotation"] else "")
             + "; % of words, mean over words; baselines on the same words"]
-    head = f"{'':<16}{'words':>7} {'inside':>7} {'unif.':>6} {'mean':>6} | {'point':>6} {'mean':>6} {'centre':>7}"
-    rows.append(head)
-    for setting in ("generated", "teacher_forced"):
-        g = figures.get(setting)
-        if not g or not g["words"]:
-            rows.append(f"{setting.replace('_', '-'):<16} no word matched a boxed phrase")
-            continue
-        for label, f in [(setting.replace("_", "-"), g)] + [(f"  {row}", v) for row, v in g["by_type"].items()]:
-            rows.append(f"{label:<16}{f['words']:>7} {f['inside']:7.3f} {f['uniform']:6.3f} {f['mean_map']:6.3f} | "
-                        f"{100 * f['pointing']:5.1f}% {100 * f['mean_map_pointing']:5.1f}% "
-                        f"{100 * f['centre_pointing']:6.1f}%")
-    loc = figures.get("localization")
-    if loc:  # GVD's figures (evaluation/localization.py): a box per word, a hit at IoU above loc["iou"]
-        t, g = loc["teacher_forced"], loc["generated"]
-
-        def pct(value: float | None) -> str:
-            return "n/a" if value is None else f"{100 * value:.1f}%"
-
-        rows.append(f"IoU > {loc['iou']:g} (map at {loc['threshold']:g} of its max, largest region's box; "
-                    f"{loc['object_classes']} object classes, boxed in {loc['class_photos']}+ photos): "
-                    f"teacher-forced accuracy {pct(t['accuracy'])} over {t['classes']} classes "
-                    f"({pct(t['accuracy_words'])} of {t['words']} words); generated F1_all {pct(g['f1_all'])} "
-                    f"({g['classes_all']} classes), F1_loc {pct(g['f1_loc'])} ({g['classes_loc']} classes)")
-        b = loc["baselines"]
-        rows.append("  the same words' whole photo / centre cell: " + ", ".join(
-            f"{name} {pct(b['whole_photo'][key])} / {pct(b['centre_cell'][key])}"
-            for name, key in (("accuracy", "accuracy"), ("F1_all", "f1_all"), ("F1_loc", "f1_loc"))))
+    for name in GROUNDING_METRICS:
+        rows += GROUNDING_METRICS.get(name).lines(figures)
     return rows

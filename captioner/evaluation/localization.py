@@ -202,3 +202,49 @@ class Localization:
         return {"teacher_forced": teacher, "generated": generated,
                 "baselines": {m: self._method_figures(m) for m in METHODS[1:]},
                 "threshold": THRESHOLD, "iou": IOU_HIT, "upsample": UPSAMPLE, "object_classes": len(self.classes)}
+
+
+class LocalizationFigures:
+    """The IoU figures as a grounding metric (evaluation/grounding.BoxGrounding hands it each caption read): its
+    object classes are the head nouns boxed in at least ``class_photos`` of the evaluated photos."""
+
+    def __init__(self, grid_hw: tuple[int, int], classes: frozenset[str], class_photos: int) -> None:
+        self.localization = Localization(grid_hw, classes)
+        self.class_photos = class_photos
+
+    @classmethod
+    def build(cls, grid_hw: tuple[int, int], entities: Any, class_photos: int) -> "LocalizationFigures":
+        return cls(grid_hw, frequent_classes(entities.images.values(), class_photos), class_photos)
+
+    def add(self, caption: Any) -> None:
+        """One caption (grounding.CaptionRead): a generated one by photo and class, a reference by scored word."""
+        if caption.setting == "generated":
+            self.localization.add_generated(caption.lemmas, caption.maps, caption.annotated)
+        else:
+            for word in caption.scored:
+                self.localization.add_teacher_forced(caption.maps[word.index], word.boxes, word.key)
+
+    def figures(self) -> dict[str, Any]:
+        return {"localization": {**self.localization.figures(), "class_photos": self.class_photos}}
+
+    @staticmethod
+    def lines(figures: dict[str, Any]) -> list[str]:
+        """Its lines of the evaluation table: a box per word, a hit at IoU above loc["iou"] (none when it was not
+        computed)."""
+        loc = figures.get("localization")
+        if not loc:
+            return []
+        t, g = loc["teacher_forced"], loc["generated"]
+
+        def pct(value: float | None) -> str:
+            return "n/a" if value is None else f"{100 * value:.1f}%"
+
+        b = loc["baselines"]
+        return [f"IoU > {loc['iou']:g} (map at {loc['threshold']:g} of its max, largest region's box; "
+                f"{loc['object_classes']} object classes, boxed in {loc['class_photos']}+ photos): "
+                f"teacher-forced accuracy {pct(t['accuracy'])} over {t['classes']} classes "
+                f"({pct(t['accuracy_words'])} of {t['words']} words); generated F1_all {pct(g['f1_all'])} "
+                f"({g['classes_all']} classes), F1_loc {pct(g['f1_loc'])} ({g['classes_loc']} classes)",
+                "  the same words' whole photo / centre cell: " + ", ".join(
+                    f"{name} {pct(b['whole_photo'][key])} / {pct(b['centre_cell'][key])}"
+                    for name, key in (("accuracy", "accuracy"), ("F1_all", "f1_all"), ("F1_loc", "f1_loc")))]

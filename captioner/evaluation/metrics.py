@@ -1,4 +1,4 @@
-"""Caption metrics (BLEU, METEOR, ROUGE-L, CIDEr-D) and attention grounding.
+"""Caption metrics (BLEU, METEOR, ROUGE-L, CIDEr-D) and figures of the attention maps.
 
 Caption scores are the field's standard coco-caption implementations from `pycocoevalcap`
 (BLEU-1..4 of Papineni et al. 2002 with the "closest" reference length; METEOR 1.5 of
@@ -9,13 +9,10 @@ a Gaussian length penalty (sigma 6), the x10 factor and idf from the evaluated r
 Note that its length term counts the candidate's bigrams rather than its words; we keep
 the reference implementation as it is so numbers stay comparable with published ones.
 
-Attention grounding measures how much of a word's attention alpha_t (Eq. (4)-(5) of
-Xu et al.) falls on the object the word names: the attention mass on grid cells weighted
-by the share of each cell's image area that lies inside the object's region. It is the
-quantitative version of the paper's Fig. 2-3 and 5 overlays. A data set's figure is the mean over
-every referring word of every caption (``grounding_shares``), not over images; a word that names an
-object kind the image does not show scores 0; in hard attention's argmax/sample decoding the word
-read one cell, and that cell is what is scored (``cells_read``).
+Attention grounding measures how much of a word's attention alpha_t (Eq. (4)-(5) of Xu et al.) falls on the
+object the word names: the grounding sources, the rasteriser and the formula are in captioner/evaluation/regions.py.
+Here: ``cells_read`` (in hard attention's argmax/sample decoding the word read one cell, and that cell is what is
+scored), the attention's sharpness and movement, and the mirror check.
 
 Caption diversity (``caption_diversity``) says how generic the captions are, which n-gram scores reward: the
 number of distinct words the predictions use, and the share of captions that are distinct strings (a model
@@ -24,8 +21,6 @@ that writes one safe caption for many images scores low on both).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import shutil
 import threading
@@ -269,182 +264,12 @@ def as_numpy(x: Any, dtype: Any = np.float64) -> np.ndarray:
     return np.asarray(x, dtype=dtype)
 
 
-def _cell_overlap(n_cells: int, n_pixels: int) -> np.ndarray:
-    """(n_cells, n_pixels): share of each cell's extent covered by each pixel along one axis.
-
-    Cell c spans [c * n_pixels / n_cells, (c + 1) * n_pixels / n_cells) in pixels, so grids
-    that do not divide the image evenly are still mapped exactly; each row sums to 1.
-    """
-    edges = np.arange(n_cells + 1) * (n_pixels / n_cells)
-    lo, hi = edges[:-1, None], edges[1:, None]  # (n_cells, 1)
-    px = np.arange(n_pixels)[None, :]  # (1, n_pixels)
-    overlap = np.clip(np.minimum(hi, px + 1) - np.maximum(lo, px), 0.0, None)  # (n_cells, n_pixels)
-    return overlap / (n_pixels / n_cells)
-
-
-def region_fraction(grid_hw: tuple[int, int], mask: np.ndarray) -> np.ndarray:
-    """(H*W,): fraction of each grid cell's image area inside `mask` (H_img, W_img), row-major."""
-    H, W = grid_hw
-    mask = np.asarray(mask, dtype=np.float64)
-    if mask.ndim != 2:
-        raise ValueError(f"mask must be (H_img, W_img), got shape {mask.shape}")
-    oy = _cell_overlap(H, mask.shape[0])  # (H, H_img)
-    ox = _cell_overlap(W, mask.shape[1])  # (W, W_img)
-    return (oy @ mask @ ox.T).reshape(H * W)  # (H, W) -> (L,)
-
-
-def _share_inside(alpha: np.ndarray, fraction: np.ndarray) -> float:
-    total = alpha.sum()
-    return float((alpha * fraction).sum() / total) if total > 0 else 0.0
-
-
-def grounding_from_mask(alpha: Any, grid_hw: tuple[int, int], mask: Any) -> float:
-    """Share of one word's attention alpha (H*W,) inside a boolean region mask (H_img, W_img).
-
-    For COCO instance masks (pycocotools `annToMask`); alpha is renormalised to sum 1.
-    """
-    H, W = grid_hw
-    a = as_numpy(alpha).reshape(-1)
-    if a.size != H * W:
-        raise ValueError(f"alpha has {a.size} values but grid_hw {grid_hw} needs {H * W}")
-    return _share_inside(a, region_fraction(grid_hw, as_numpy(mask)))
-
-
-def boxes_mask(boxes: Iterable[Sequence[float]], image_size: tuple[int, int]) -> np.ndarray:
-    """(H_img, W_img) float mask of the union of [x0, y0, x1, y1] pixel boxes (x1, y1 exclusive).
-
-    Fractional box edges give fractional pixel coverage; overlapping boxes count once.
-    """
-    W_img, H_img = image_size
-    mask = np.zeros((H_img, W_img))
-    xs, ys = np.arange(W_img), np.arange(H_img)
-    for x0, y0, x1, y1 in boxes:
-        cover_x = np.clip(np.minimum(x1, xs + 1) - np.maximum(x0, xs), 0.0, 1.0)  # (W_img,)
-        cover_y = np.clip(np.minimum(y1, ys + 1) - np.maximum(y0, ys), 0.0, 1.0)  # (H_img,)
-        mask = np.maximum(mask, cover_y[:, None] * cover_x[None, :])
-    return mask
-
-
-def grounding_shares(
-    words: Sequence[str],
-    alphas: Any,
-    grid_hw: tuple[int, int],
-    objects: Sequence[dict],
-    image_size: tuple[int, int],
-    names: Iterable[str] | None = None,
-) -> list[float]:
-    """Per referring word, the share of its attention inside the region of the object it names.
-
-    Args:
-        words: the generated words.
-        alphas: (len(words), H*W) attention of the step that produced each word (in hard attention's
-            argmax/sample modes, the one-hot of the cell actually read: see ``cells_read``).
-        grid_hw: (H, W) of the attention grid.
-        objects: dicts {"name": str, "box": [x0, y0, x1, y1]} in image pixels (x1, y1
-            exclusive). A word refers to every object whose name equals it; its region is
-            the union of their boxes.
-        image_size: (W, H) of the image in pixels (PIL order).
-        names: every word that names an object kind in the data set (e.g. the shapes). A word among
-            them that names no object of this image is a wrong name and scores 0, so naming the wrong
-            object counts against the figure; None: only the image's own object names refer.
-
-    Returns:
-        One value in [0, 1] per referring word, in caption order (empty when no word refers).
-    """
-    H, W = grid_hw
-    a = as_numpy(alphas)
-    if a.ndim != 2 or a.shape != (len(words), H * W):
-        raise ValueError(
-            f"alphas must be (n_words={len(words)}, H*W={H * W}) for grid_hw {grid_hw}, got shape {a.shape}"
-        )
-    boxes_by_name: dict[str, list] = {}
-    for obj in objects:
-        boxes_by_name.setdefault(obj["name"], []).append(obj["box"])
-    kinds = set(boxes_by_name) | set(names or ())
-    fractions: dict[str, np.ndarray] = {}  # one raster per named region, reused by repeated words
-    shares = []
-    for i, word in enumerate(words):
-        if word not in kinds:
-            continue
-        if word not in boxes_by_name:  # names an object kind this image does not show
-            shares.append(0.0)
-            continue
-        if word not in fractions:
-            fractions[word] = region_fraction(grid_hw, boxes_mask(boxes_by_name[word], image_size))
-        if fractions[word].sum() == 0:  # every box lies outside the image: no known region
-            continue
-        shares.append(_share_inside(a[i], fractions[word]))
-    return shares
-
-
 def cells_read(locations: Sequence[int], n_locations: int) -> np.ndarray:
     """(n_words, L) one-hot rows of the grid cells hard attention read (argmax/sample decoding): what
     grounding scores for such a decode, since the word saw that cell only, not the distribution alpha."""
     read = np.zeros((len(locations), n_locations), dtype=np.float32)
     read[np.arange(len(locations)), np.asarray(locations, dtype=np.int64)] = 1.0
     return read
-
-
-class CocoInstanceRegions:
-    """COCO instance masks as grounding regions: a generated noun that names a COCO category
-    ("dog", "dogs", "teddy" for "teddy bear" is not matched: single-word names only) refers to
-    the union of that category's instance masks in the image.
-
-    Args:
-        instances_file: ``instances_{train,val}2014.json`` (read with pycocotools).
-    """
-
-    def __init__(self, instances_file: str | Any) -> None:
-        from pathlib import Path
-
-        from pycocotools.coco import COCO
-
-        path = Path(instances_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"COCO instances file not found: {path} (instances_val2014.json from "
-                                    "annotations_trainval2014.zip, cocodataset.org)")
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            self.coco = COCO(str(path))
-        self.category_of_word = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())
-                                 if " " not in c["name"]}
-
-    def category(self, word: str) -> int | None:
-        word = word.lower()
-        if word in self.category_of_word:
-            return self.category_of_word[word]
-        if word.endswith("s") and word[:-1] in self.category_of_word:
-            return self.category_of_word[word[:-1]]
-        return None
-
-    def grounding(self, coco_image_id: int, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int]
-                  ) -> float | None:
-        """Mean of ``shares`` over one caption's category words; None when no word names a category
-        (or the image is not in the file)."""
-        values = self.shares(coco_image_id, words, alphas, grid_hw)
-        return float(np.mean(values)) if values else None
-
-    def shares(self, coco_image_id: int, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int]
-               ) -> list[float]:
-        """Per word that names a COCO category, the share of its attention inside that category's masks
-        in the image; 0 when the image has no such object (a wrong name counts against it). Empty when
-        the image is not in the file."""
-        if coco_image_id not in self.coco.imgs:
-            return []
-        alphas = as_numpy(alphas)
-        values = []
-        for i, word in enumerate(words):
-            cat = self.category(word)
-            if cat is None:
-                continue
-            anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[coco_image_id], catIds=[cat], iscrowd=None))
-            if not anns:
-                values.append(0.0)
-                continue
-            mask = np.zeros_like(self.coco.annToMask(anns[0]), dtype=bool)
-            for ann in anns:
-                mask |= self.coco.annToMask(ann).astype(bool)
-            values.append(grounding_from_mask(alphas[i], grid_hw, mask))
-        return values
 
 
 # A word's softmax counts as saturated when its largest weight exceeds this: the scores' spread has grown so large

@@ -11,7 +11,6 @@ beside them when the data set knows object regions (the shapes boxes).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -23,38 +22,25 @@ from captioner.data.images import check_jpeg_quality
 from captioner.decoding.options import DecodeOptions
 from captioner.evaluation.grounding import BoxGrounding, format_grounding
 from captioner.evaluation.metrics import (
-    CocoInstanceRegions,
     attention_movement,
     attention_sharpness,
     caption_diversity,
     caption_scores,
     cells_of,
     cells_read,
-    grounding_shares,
     mirror_following,
     resolve_tokenizer,
 )
+from captioner.evaluation.regions import word_shares
 from captioner.evaluation.score import score_rows
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
 
 
-def coco_image_id(record) -> int | None:
-    """COCO's numeric image id from a file name like COCO_val2014_000000391895.jpg (None otherwise)."""
-    tail = Path(record.path).stem.rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
-def _image_size(record) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(record.path) as im:  # lazy: reads the header only
-        return im.size
-
-
 class _Grounding:
     """Attention grounding over a split, averaged over words: every referring word of every caption counts
-    once. Shapes records carry object boxes; COCO images (``instances``) get their instance masks.
+    once. Its grounding sources (evaluation/regions.py): the shapes records' objects, and with ``instances`` COCO's
+    instance masks; a record is scored by the first source whose regions name one of its words.
 
     A word that names an object kind of the data set (any record's object name) but no object of its
     image scores 0. In hard attention's argmax/sample decoding a word read one cell (``locations``):
@@ -62,8 +48,11 @@ class _Grounding:
     """
 
     def __init__(self, records: Sequence, grid_hw: tuple[int, int], instances: str | None) -> None:
-        self.names = {obj["name"] for r in records for obj in r.objects}
-        self.coco = CocoInstanceRegions(instances) if instances else None
+        from captioner.names import GROUNDING_SOURCES
+
+        self.sources = [GROUNDING_SOURCES.get("shapes").for_records(records)]
+        if instances:
+            self.sources.append(GROUNDING_SOURCES.get("coco")(instances))
         self.grid_hw = grid_hw
         self.shares: list[float] = []
         self.images = 0  # images with at least one referring word
@@ -71,14 +60,13 @@ class _Grounding:
     def add(self, record: Any, words: list[str], alphas: np.ndarray, locations: list[int] | None) -> None:
         if locations is not None:
             alphas = cells_read(locations[: len(words)], alphas.shape[1])  # (n_words, L)
-        if record.objects:
-            shares = grounding_shares(words, alphas, self.grid_hw, record.objects, _image_size(record), self.names)
-        elif self.coco is not None and (coco_id := coco_image_id(record)) is not None:
-            shares = self.coco.shares(coco_id, words, alphas, self.grid_hw)
-        else:
-            return
-        self.images += bool(shares)
-        self.shares += shares
+        for source in self.sources:
+            regions = source.word_regions(record, words)
+            if any(region is not None for region in regions):
+                shares = word_shares(regions, np.asarray(alphas)[: len(words)], self.grid_hw)
+                self.images += bool(shares)
+                self.shares += shares
+                return
 
     @property
     def mean(self) -> float | None:
@@ -245,14 +233,17 @@ def teacher_forced_mode(mode: str) -> str:
 
 
 def box_grounding(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, entities: Any,
-                  batch_size: int, cache: Any = None, progress: bool = False) -> dict:
+                  batch_size: int, cache: Any = None, progress: bool = False, metrics: Sequence[str] | None = None,
+                  teacher_forced: bool = True) -> dict:
     """The box figures (evaluation/grounding.py) of the decoded captions ``reads`` (image id -> (words, alphas,
-    cells)) and of every annotated reference of ``records``' photos read teacher-forced by ``model``."""
+    cells)) and, with ``teacher_forced``, of every annotated reference of ``records``' photos read teacher-forced by
+    ``model``: what `captioner evaluate --entities` and training's validation (the pointing ``metrics`` of the
+    greedy captions only) both report."""
     mode = teacher_forced_mode(options.attention_mode)
-    grounding = BoxGrounding(entities, model.grid_hw, one_cell=mode in ONE_CELL_MODES)
+    grounding = BoxGrounding(entities, model.grid_hw, one_cell=mode in ONE_CELL_MODES, metrics=metrics)
     for image_id, (words, alphas, cells) in reads.items():
         grounding.add_generated(image_id, words, alphas, cells if options.attention_mode in ONE_CELL_MODES else None)
-    annotated = [r for r in records if entities.get(r.image_id) is not None]
+    annotated = [r for r in records if entities.get(r.image_id) is not None] if teacher_forced else []
     if hasattr(model, "decoder") and annotated:  # an ensemble has no one teacher-forced map
         bar = tqdm(total=len(annotated), desc="read annotated references", unit="img", disable=not progress,
                    leave=False)

@@ -1,11 +1,13 @@
-"""Backbone families for captioner/models/encoder.py: one builder per family, each returning the backbone's
-stages (a list of modules run in order; the last one's output is the feature map), the preprocessing its
-weights expect and where the weights came from. The stage tables (output stride, D per stage) are encoder.ENCODERS;
-weight files are found and checked by captioner/models/weights.py.
+"""Backbones for captioner/models/encoder.py: one builder per family, each returning the backbone's stages (a list
+of modules run in order; the last one's output is the feature map), the preprocessing its weights expect and where
+the weights came from; and per named backbone a ``Backbone`` (its builder and its stage table: output stride, D per
+stage), registered by name in ``names.BACKBONES``. Weight files are found and checked by
+captioner/models/weights.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -126,12 +128,28 @@ def _build_vgg(name: str, pretrained: bool, weights_path: str | None, input_size
     return stages, ImageTransform(input_size, IMAGENET_MEAN, IMAGENET_STD, "bilinear"), source
 
 
-FAMILIES: dict[str, Callable[..., tuple[list[nn.Module], ImageTransform, str]]] = {
-    "efficientnet_lite0": _build_efficientnet_lite, "efficientnet_lite1": _build_efficientnet_lite,
-    "efficientnet_lite2": _build_efficientnet_lite,
-    "resnet50": _build_resnet, "resnet101": _build_resnet, "resnet152": _build_resnet,
-    "vgg16": _build_vgg, "vgg19": _build_vgg,
-}
+@dataclass(frozen=True)
+class Backbone:
+    """One named backbone (``model.encoder.name``, registered in ``names.BACKBONES``): its family's builder and its
+    stage table, (output stride, D) per stage index, what build_encoder checks ``stage`` against and sizes the
+    grid by."""
+
+    build: Callable[..., tuple[list[nn.Module], ImageTransform, str]]
+    stages: tuple[tuple[int, int], ...]
+
+
+_LITE = ((2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280))
+_RESNET = ((4, 256), (8, 512), (16, 1024), (32, 2048))
+_VGG = ((1, 64), (2, 128), (4, 256), (8, 512), (16, 512))
+EFFICIENTNET_LITE0 = Backbone(_build_efficientnet_lite, _LITE)
+# trained at 240 and 260 px: set model.encoder.input_size to match (grids 8x8 and 9x9)
+EFFICIENTNET_LITE1 = Backbone(_build_efficientnet_lite, _LITE)
+EFFICIENTNET_LITE2 = Backbone(_build_efficientnet_lite, ((2, 16), (4, 24), (8, 48), (16, 120), (32, 352), (32, 1280)))
+RESNET50 = Backbone(_build_resnet, _RESNET)
+RESNET101 = Backbone(_build_resnet, _RESNET)
+RESNET152 = Backbone(_build_resnet, _RESNET)
+VGG16 = Backbone(_build_vgg, _VGG)
+VGG19 = Backbone(_build_vgg, _VGG)
 
 
 def build_timm(model_name: str, pretrained: bool, weights_path: str | None, input_size: int, stage: int | None,

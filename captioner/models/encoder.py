@@ -39,21 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.models.backbones import FAMILIES, Block, StagedBackbone, build_timm
+from captioner.models.backbones import Block, StagedBackbone, build_timm
 from captioner.models.transform import ImageTransform
-
-# name -> (output stride, D) per stage index, what build_encoder checks ``stage`` against and sizes the grid by
-ENCODERS: dict[str, list[tuple[int, int]]] = {
-    "efficientnet_lite0": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)],
-    # trained at 240 and 260 px: set model.encoder.input_size to match (grids 8x8 and 9x9)
-    "efficientnet_lite1": [(2, 16), (4, 24), (8, 40), (16, 112), (32, 320), (32, 1280)],
-    "efficientnet_lite2": [(2, 16), (4, 24), (8, 48), (16, 120), (32, 352), (32, 1280)],
-    "resnet50": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
-    "resnet101": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
-    "resnet152": [(4, 256), (8, 512), (16, 1024), (32, 2048)],
-    "vgg16": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)],
-    "vgg19": [(1, 64), (2, 128), (4, 256), (8, 512), (16, 512)],
-}
+from captioner.names import BACKBONES
 
 
 def _finetune_units(module: nn.Module) -> list[nn.Module]:
@@ -318,7 +306,7 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
     """Build an encoder; see the module docstring for names, stage indices and where weights come from.
 
     Args:
-        name: a key of ENCODERS or ``timm:<model name>``.
+        name: a name of names.BACKBONES or ``timm:<model name>``.
         pretrained: load ImageNet weights (from local files only unless ``allow_download``); False: random.
         weights_path: a local weights file (overrides the default source).
         input_size: S, the side of the square crop the transform produces.
@@ -339,17 +327,18 @@ def build_encoder(name: str = "efficientnet_lite0", pretrained: bool = True, wei
         backbone, transform, source, resolved, dim = build_timm(name[len("timm:"):], pretrained, weights_path,
                                                                  input_size, stage, allow_download)
         stride = None  # padding rules vary across timm models: grid_hw comes from a dry run
-    elif name in FAMILIES:
-        n_stages = len(ENCODERS[name])
+    elif name in BACKBONES:
+        spec = BACKBONES.get(name)
+        n_stages = len(spec.stages)
         resolved = n_stages - 1 if stage is None or stage < 0 else stage
         if resolved >= n_stages:
             raise ValueError(f"{name}: stage {stage} out of range; stages 0..{n_stages - 1} "
-                             f"(stride, D): {ENCODERS[name]}")
-        stages, transform, source = FAMILIES[name](name, pretrained, weights_path, input_size, allow_download)
+                             f"(stride, D): {list(spec.stages)}")
+        stages, transform, source = spec.build(name, pretrained, weights_path, input_size, allow_download)
         backbone = StagedBackbone(stages[: resolved + 1])  # later stages are never run: drop them
-        stride, dim = ENCODERS[name][resolved]
+        stride, dim = spec.stages[resolved]
     else:
-        valid = ", ".join([*ENCODERS, "timm:<timm model name>"])
+        valid = ", ".join([*BACKBONES, "timm:<timm model name>"])
         raise ValueError(f"unknown encoder {name!r}; valid: {valid}")
     return Encoder(backbone, transform, name=name, backbone_dim=dim, input_size=input_size, stage=resolved,
                    grid_size=grid_size, proj_dim=proj_dim, finetune_blocks=finetune_blocks, weights_source=source,

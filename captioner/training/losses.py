@@ -110,7 +110,7 @@ def attention_supervision_loss(alphas: Tensor, target_maps: Tensor, supervised: 
 def attention_mass_loss(alphas: Tensor, shares: Tensor, supervised: Tensor) -> tuple[Tensor, Tensor]:
     """The mass form of supervised attention: at every supervised step, -log Σ_l f_l α_l, where f_l is the share
     of cell l's area inside the word's boxes. Σ_l f_l α_l is α's mass inside the boxes (the "α inside" figure of
-    evaluation.metrics.grounding_from_mask, on the grid); any map inside them reaches the minimum 0, so it asks for
+    evaluation.regions.inside, on the grid); any map inside them reaches the minimum 0, so it asks for
     the mass, not for Liu et al.'s spread over the whole box.
 
     Args:

@@ -95,11 +95,13 @@ def load_init(init: str) -> dict:
 def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     """Start from the weights of ``train.init`` (``load_init``), which must have been trained with the same
     data and model sections (and so the same vocabulary), except for the attention kind and the boxes' folder
-    (INIT_MAY_DIFFER): a soft model may start a hard one, a model trained without boxes a supervised one. The state dict is checked tensor by tensor either way (``load_weights``)."""
+    (INIT_MAY_DIFFER): a soft model may start a hard one, a model trained without boxes a supervised one. The
+    state dict is checked tensor by tensor either way (``load_weights``)."""
     changed = require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
-                                     "data.entities, model.attention.attention, the decoder's dropout rates and "
-                                     "the encoder's finetune_blocks / update_bn_stats may differ)", may_differ=INIT_MAY_DIFFER)
+                                     "data.entities, model.attention.attention, the decoder's dropout rates "
+                                     "and the encoder's finetune_blocks / update_bn_stats may differ)",
+                                     may_differ=INIT_MAY_DIFFER)
     load_weights(model, payload["model"], cfg.train.init, folder=payload.get("folder"))  # a folder: its config.json
     log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
              "".join(f"; {c} (the same weights, read the new way)" for c in changed))

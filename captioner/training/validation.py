@@ -67,20 +67,17 @@ def validate(model: nn.Module, cfg: Config, loss_set: CaptionDataset, decode_set
 
 
 def _box_figures(model: nn.Module, cfg: Config, records: list, reads: dict, options: DecodeOptions) -> dict:
-    """With ``data.entities``, the box figures of the greedy captions (evaluation/grounding.py): ``pointing``,
-    ``inside`` and the ``centre_pointing`` baseline on the same words; else nothing."""
+    """With ``data.entities``, the box figures of the greedy captions as `captioner evaluate` computes them
+    (evaluation/split.box_grounding, its pointing figures only): ``pointing``, ``inside`` and the
+    ``centre_pointing`` baseline on the same words; else nothing."""
     if not cfg.data.entities or not reads:
         return {}
-    from captioner.data.entities import read_entities
-    from captioner.evaluation.grounding import BoxGrounding
-    from captioner.models.attention import ONE_CELL_MODES
+    from captioner.evaluation.regions import open_entities
+    from captioner.evaluation.split import box_grounding
 
-    one_cell = options.attention_mode in ONE_CELL_MODES
-    grounding = BoxGrounding(read_entities(cfg.data.entities, list(reads)), model.grid_hw, one_cell=one_cell,
-                             localization=False)
-    for image_id, (words, alphas, cells) in reads.items():
-        grounding.add_generated(image_id, words, alphas, cells if one_cell else None)
-    g = grounding.generated.figures()
+    entities = open_entities(cfg.data.entities, list(reads), "the validation split")
+    g = box_grounding(model, records, reads, options, entities, cfg.eval.batch_size, metrics=("pointing",),
+                      teacher_forced=False)["generated"]
     return {"pointing": g["pointing"], "inside": g["inside"], "centre_pointing": g["centre_pointing"],
             "grounded_words": g["words"]}
 

@@ -53,7 +53,8 @@ class BoxTargets:
 
     def __init__(self, records: Sequence[Any], entities: Any, vocab: Any, grid_hw: tuple[int, int],
                  loss: str = "cross_entropy", power: float = 1.0) -> None:
-        from captioner.data.entities import box_fractions, lemma
+        from captioner.data.entities import lemma
+        from captioner.evaluation.regions import cell_shares
 
         H, W = grid_hw
         self.vocab_size = V = len(vocab)
@@ -68,7 +69,7 @@ class BoxTargets:
             for head, (boxes, _) in photo.boxed_heads().items():
                 if head not in ids_of:
                     continue
-                f = box_fractions(boxes, grid_hw)  # boxed_heads' boxes have area (entities.clip_boxes): f.sum() > 0
+                f = cell_shares(boxes, grid_hw)  # boxed_heads' boxes have area (entities.clip_boxes): f.sum() > 0
                 if record.mirrored:
                     f = f.reshape(H, W)[:, ::-1].reshape(H * W)
                 for word_id in ids_of[head]:

@@ -25,9 +25,13 @@ def objective_class(section: Any) -> type[Objective]:
 def box_targets(cfg: Config, model: nn.Module, train_set: Any) -> BoxTargets:
     """The box maps that ``train.objective.grounding_weight`` supervises, from ``data.entities``; refused when no
     training photo has an annotation or no caption word names a boxed phrase."""
-    from captioner.data.entities import read_entities
+    from captioner.data.records import DataError
+    from captioner.evaluation.regions import open_entities
 
-    entities = read_entities(cfg.data.entities, [r.image_id for r in train_set.records])
+    try:
+        entities = open_entities(cfg.data.entities, [r.image_id for r in train_set.records], "the training split")
+    except DataError as err:
+        raise ConfigError(f"train.objective.grounding_weight: {err}") from None
     section = cfg.train.objective
     targets = BoxTargets(train_set.records, entities, model.vocab, model.grid_hw, section.grounding_loss,
                          section.grounding_power)
