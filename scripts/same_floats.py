@@ -9,8 +9,9 @@ Each checkout runs its own code and its own copy of the config (so a renamed key
 reads it); ``--set`` overrides go to both sides of every run, ``CONFIG:KEY=VALUE,...`` to both sides of one.
 Trained: the first epoch's metrics line (losses, BLEU-4, CIDEr-D, every attention figure, ...: all but times and
 throughput) and the weights of last.pt, tensor by tensor. Evaluated: ``captioner evaluate --json`` on val at beam 3
-with the PTB tokenizer, key for key. Prints one line per run and exits 1 if anything differs. The runs go to
-``--out`` (default runs/same-floats), one at a time (2 cores: a training epoch of Flickr8k takes minutes).
+with the PTB tokenizer (``--entities DIR``: with the box figures), key for key. Prints one line per run and exits 1
+if anything differs. The runs go to ``--out`` (default runs/same-floats), one at a time (2 cores: a training epoch
+of Flickr8k takes minutes).
 
 ``--bench N``: the speed, too: ``scripts/bench.py --only train,decode --configs F8K --json`` (``--bench-configs``
 picks others: R7,F8K) in each checkout in turn, N rounds (before, after, before, ...: the machine's drift touches
@@ -92,13 +93,13 @@ def train_first_epoch(named: str, trees: dict[str, Path], out: Path, sets: list[
             + _same_weights(runs["before"] / "last.pt", runs["after"] / "last.pt"))
 
 
-def evaluate(model: str, trees: dict[str, Path], out: Path) -> list[str]:
+def evaluate(model: str, trees: dict[str, Path], out: Path, extra: list[str] = ()) -> list[str]:
     results = {}
     for side, tree in trees.items():
         target = out / side / f"evaluate-{model}.json"
         print(f"  {side}: evaluating {model} ...", flush=True)
         _run(tree, ["evaluate", "--model", model, "--split", "val", "--beam", "3", "--tokenizer", "ptb", "--json",
-                    "--out", str(target)], out / f"{side}-evaluate-{model}.log")
+                    "--out", str(target), *extra], out / f"{side}-evaluate-{model}.log")
         results[side] = json.loads(target.read_text())
     return _differences(results["before"], results["after"])
 
@@ -136,14 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", nargs="*", default=[], help="shipped models to evaluate on val in both")
     parser.add_argument("--set", action="append", default=[], help="an override both sides' training takes")
     parser.add_argument("--bench", type=int, default=0, metavar="N", help="also N rounds of bench.py, alternating")
+    parser.add_argument("--entities", default=None, help="evaluate with the box figures of this Flickr30k Entities "
+                                                             "folder too")
     parser.add_argument("--bench-configs", default="F8K", help="bench.py's --configs (e.g. R7,F8K)")
     parser.add_argument("--out", type=Path, default=Path("runs/same-floats"))
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     out = args.out.resolve()
     failed = False
+    boxes = ["--entities", args.entities] if args.entities else []
     for kind, names, check in (("train", args.train, lambda n: train_first_epoch(n, trees, out, args.set)),
-                               ("evaluate", args.evaluate, lambda n: evaluate(n, trees, out))):
+                               ("evaluate", args.evaluate, lambda n: evaluate(n, trees, out, boxes))):
         for name in names:
             diffs = check(name)
             failed |= bool(diffs)
