@@ -68,9 +68,11 @@ RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST,
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
                  "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)",
                  "soft_pointing_scst_more": "LSTM, that XE stage then both SCST stages with the mass term "
-                                            "(`flickr8k_soft_pointing*.yaml`; issue 62)"}
+                                            "(`flickr8k_soft_pointing*.yaml`; issue 62)",
+                 "soft_pointing_finetune": "LSTM, the shipped model then its second SCST stage again with the mass "
+                                           "term (`flickr8k_soft_pointing_finetune.yaml`; issue 62)"}
 # issue 62's recipe rows, run by scripts/grounding_runs.py (their figures in docs/grounding/rows/): shown here too
-GROUNDING_ROWS = ("soft_pointing", "soft_pointing_scst_more")
+GROUNDING_ROWS = ("soft_pointing", "soft_pointing_scst_more", "soft_pointing_finetune")
 TABLE_START, TABLE_END = "<!-- options-table:start -->", "<!-- options-table:end -->"
 SHIPPED = ROOT / "docs" / "grounding" / "rows" / "shipped_soft.json"
 
@@ -96,8 +98,7 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
     control = rows.get("xe_control")
     lines = [head[0].format("cross-entropy stage"), head[1]]
     lines += [_row(label, rows[name], control) for name, label in LABELS.items() if name in rows]
-    recipe = {"shipped_soft": shipped, **{name: rows[name] for name in ("updown", "updown_steady",
-                                                                        "soft_pointing_scst_more") if name in rows}}
+    recipe = {"shipped_soft": shipped, **{name: rows[name] for name in RECIPE_LABELS if name in rows}}
     if len(recipe) > 1 and shipped is not None:
         lines += ["", head[0].format("whole recipe"), head[1]]
         lines += [_row(RECIPE_LABELS[name], r, shipped) for name, r in recipe.items()]
