@@ -5,8 +5,9 @@ checkpoints by what this loop decodes, so they decode the same words with the sa
 
 Caption metrics are pycocoevalcap's (BLEU-1..4, METEOR, ROUGE-L, CIDEr-D) on the raw
 reference captions, reported on the 0-100 scale with the split, beam width and
-decoding mode beside them. Attention grounding (captioner/evaluation/metrics.py) is reported
-beside them when the data set knows object regions (the shapes boxes).
+decoding mode beside them. Attention grounding (captioner/evaluation/regions.py: the shapes boxes, COCO masks)
+is reported beside them when the data set knows object regions, and the box figures on Flickr30k Entities
+(``box_grounding``, evaluation/grounding.py) with ``entities``.
 """
 
 from __future__ import annotations
