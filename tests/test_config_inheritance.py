@@ -1,6 +1,6 @@
 """Configs that name a base (config_files.py): deep merge over a chain, a kinded section whose kind changes taken
 whole, cycles and missing bases refused naming the chain, where each value came from, and every shipped config
-resolving to exactly the values recorded before the configs were rewritten as diffs (2026-12-05)."""
+resolving to exactly the values saved before the configs were rewritten as diffs (2026-12-05)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from captioner.commands.config import main as config_main
 from captioner.config import ConfigError, config_to_dict, load_config, shipped_configs
 from captioner.config_files import read_config_file
 
-RECORDED = Path(__file__).resolve().parent / "configs_resolved_2026-12-05.json"
+SAVED = Path(__file__).resolve().parent / "configs_resolved_2026-12-05.json"
 
 
 def _write(folder: Path, name: str, text: str) -> Path:
@@ -30,12 +30,12 @@ def _flat(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def test_every_shipped_config_resolves_to_the_values_recorded_before_the_rewrite():
-    """Every recorded value is unchanged; a key added since may appear, with its default only."""
-    recorded = json.loads(RECORDED.read_text())
-    assert set(recorded) <= set(shipped_configs())  # none was lost
+def test_every_shipped_config_resolves_to_the_values_saved_before_the_rewrite():
+    """Every saved value is unchanged; a key added since may appear, with its default only."""
+    saved = json.loads(SAVED.read_text())
+    assert set(saved) <= set(shipped_configs())  # none was lost
     defaults = _flat(config_to_dict(load_config(None)))
-    for name, values in recorded.items():
+    for name, values in saved.items():
         now, then = _flat(config_to_dict(load_config(name))), _flat(values)
         assert {k: now.get(k) for k in then} == then, name
         assert {k: v for k, v in now.items() if k not in then} == {k: defaults[k] for k in now if k not in then}

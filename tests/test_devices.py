@@ -162,7 +162,7 @@ def test_a_resume_with_fewer_gpus_visible_restores_its_own_and_never_indexes_pas
 
 @pytest.fixture
 def device_rule_calls(monkeypatch):
-    """Every call of runtime.resolve_device, wherever a module imported it by name, recorded as (name, setting) and
+    """Every call of runtime.resolve_device, wherever a module imported it by name, logged as (name, setting) and
     answered by the rule itself: what proves a command resolves its device once."""
     import captioner.api  # noqa: F401  (imported before the patch, so their by-name imports are patched too)
     import captioner.commands.caption  # noqa: F401

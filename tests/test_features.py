@@ -161,7 +161,7 @@ def test_mismatched_fingerprint_is_refused_naming_the_fields(tmp_path, encoder):
         extract_features(other, records, tmp_path / "cache", num_workers=0, progress=False)
 
 
-def test_unreadable_images_are_recorded_and_skipped(tmp_path, encoder):
+def test_unreadable_images_are_listed_and_skipped(tmp_path, encoder):
     records = make_images(tmp_path / "images", 10, bad=(3,))
     cache = extract_features(encoder, records, tmp_path / "cache", batch_size=4, num_workers=0,
                              max_failure_share=0.2, progress=False)

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # Paths a fresh clone does not have: data sets are placed there by the user, runs are written by training.
 ABSENT_IN_A_CLONE = ("data", "runs")
-# Argument destinations that name files or folders a command reads (checked), and ones it writes (recorded).
+# Argument destinations that name files or folders a command reads (checked), and ones it writes (noted).
 READS = ("images", "checkpoint", "init", "resume", "results", "references", "data_root", "scores", "instances")
 WRITES = ("attention_out", "out", "results_file")
 MAX_LINES = 250  # issue 28: the README is a front door, its history lives in docs/

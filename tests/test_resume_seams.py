@@ -147,7 +147,7 @@ def _payload(in_epoch: dict | None, **train) -> dict:
 
 def test_a_resume_inside_an_epoch_refuses_another_batch_size_seed_or_training_set():
     """Each key that changes which items the epoch's first batches held is named; an epoch-end checkpoint (no
-    in_epoch) may change them all; a checkpoint saved before train_items was recorded compares its per-process
+    in_epoch) may change them all; a checkpoint saved before train_items was stored compares its per-process
     share (items)."""
     from captioner.config import ConfigError
     from captioner.training.resume import check_resumed_inside_epoch
