@@ -230,7 +230,7 @@ class BoxGrounding:
         maps = _one_cell(alphas, locations) if self.one_cell or locations is not None else alphas
         regions = self.source.word_regions(image_id, words)
         scored = [self._scored(photo.image_id, i, r.key, r.region, r.row) for i, r in enumerate(regions) if r]
-        annotated = {key: boxes for key, (boxes, _) in photo.boxed_heads().items()}
+        annotated = {key: boxes for key, (boxes, _) in self.source.heads(image_id).items()}
         self._add(CaptionRead("generated", [lemma(word) for word in words], maps, scored, annotated))
 
     def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,

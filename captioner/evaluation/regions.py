@@ -231,12 +231,22 @@ class Flickr30kEntities:
 
     def __init__(self, entities: Any) -> None:
         self.entities = entities
+        self._heads: dict[str, dict] = {}
+
+    def heads(self, image_id: str) -> dict[str, tuple[list, str]]:
+        """The photo's boxed head nouns (EntityImage.boxed_heads: lemma -> (boxes, row)), read once per photo; {}
+        for a photo without an annotation."""
+        photo = self.entities.get(image_id)
+        if photo is None:
+            return {}
+        if photo.image_id not in self._heads:
+            self._heads[photo.image_id] = photo.boxed_heads()
+        return self._heads[photo.image_id]
 
     def word_regions(self, record: Any, words: Sequence[str]) -> list[WordRegion | None]:
         from captioner.data.entities import lemma
 
-        photo = self.entities.get(record if isinstance(record, str) else record.image_id)
-        heads = photo.boxed_heads() if photo is not None else {}
+        heads = self.heads(record if isinstance(record, str) else record.image_id)
         out: list[WordRegion | None] = []
         for word in words:
             key = lemma(word)
