@@ -49,7 +49,7 @@ import numpy as np
 from captioner.data.entities import ROWS, Entities, EntityImage, lemma
 from captioner.evaluation.localization import CLASS_PHOTOS
 from captioner.evaluation.metrics import cells_read
-from captioner.evaluation.regions import Flickr30kEntities, cell_shares, inside
+from captioner.evaluation.regions import Flickr30kEntities, cell_shares, head_regions, inside
 
 FIGURES = ("inside", "uniform", "mean_map", "pointing", "mean_map_pointing", "centre_pointing")
 MOSTLY_INSIDE = 0.5  # a cell "lies in the boxes" when at least half its area does
@@ -265,8 +265,8 @@ class BoxGrounding:
 def word_boxes(photo: EntityImage | None, words: Sequence[str]) -> list[list[tuple[float, float, float, float]] | None]:
     """Per word, the normalised boxes of the boxed phrases whose head noun it names (by lemma, as the generated
     figures match), or None: what the overlays draw on each word's panel."""
-    heads = photo.boxed_heads() if photo is not None else {}
-    return [heads[lemma(w)][0] if lemma(w) in heads else None for w in words]
+    regions = head_regions(photo.boxed_heads() if photo is not None else {}, words)
+    return [None if r is None else r.region for r in regions]
 
 
 def word_grounding(photo: EntityImage | None, words: Sequence[str], alphas: Any, grid_hw: tuple[int, int],

@@ -244,15 +244,20 @@ class Flickr30kEntities:
         return self._heads[photo.image_id]
 
     def word_regions(self, record: Any, words: Sequence[str]) -> list[WordRegion | None]:
-        from captioner.data.entities import lemma
+        return head_regions(self.heads(record if isinstance(record, str) else record.image_id), words)
 
-        heads = self.heads(record if isinstance(record, str) else record.image_id)
-        out: list[WordRegion | None] = []
-        for word in words:
-            key = lemma(word)
-            hit = heads.get(key)
-            out.append(None if hit is None else WordRegion(hit[0], row=hit[1], key=key))
-        return out
+
+def head_regions(heads: dict[str, tuple[list, str]], words: Sequence[str]) -> list[WordRegion | None]:
+    """Per word, the region of the boxed head noun its lemma names (``heads``: EntityImage.boxed_heads), or None:
+    the one matching of words to Flickr30k Entities boxes, for the figures and the overlays alike."""
+    from captioner.data.entities import lemma
+
+    out: list[WordRegion | None] = []
+    for word in words:
+        key = lemma(word)
+        hit = heads.get(key)
+        out.append(None if hit is None else WordRegion(hit[0], row=hit[1], key=key))
+    return out
 
 
 def open_entities(folder: str | Path, image_ids: Sequence[str], what: str) -> Any:
