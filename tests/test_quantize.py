@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from captioner.api import load_captioner
 from captioner.cli import main as cli_main
 from captioner.store import quantize
-from captioner.store.hub import CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, sha256_of
+from captioner.store.hub import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, ModelFolderError, sha256_of
 
 
 @pytest.mark.parametrize("shape,group", [((7, 64), 64), ((5, 100), 32), ((2, 3, 130), 64), ((4, 10), 64)])
@@ -91,6 +91,17 @@ def test_an_int8_folder_reads_back_as_float32_and_captions_as_the_original_nearl
     want = [r["caption"] for r in original.caption(images, beam=1)]
     got = [r["caption"] for r in model.caption(images, beam=1)]
     assert sum(a == b for a, b in zip(want, got)) >= len(want) - 1
+
+
+def test_the_card_names_the_group_size_the_weights_were_written_with(int8_folder, smoke_checkpoint, tmp_path):
+    """The card's first paragraph states the entries per scale: 64 by default, 32 when asked (it said 64 for both)."""
+    assert "a float16 scale per 64 entries of a row" in (int8_folder / CARD_FILE).read_text()
+    out = tmp_path / "tiny-int8-32"
+    assert cli_main(["export", "--checkpoint", str(smoke_checkpoint), str(out), "--dtype", "int8",
+                     "--group", "32"]) == 0
+    assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["group"] == 32
+    card = (out / CARD_FILE).read_text()
+    assert "a float16 scale per 32 entries of a row" in card and "per 64 entries" not in card
 
 
 def test_an_int8_folder_with_altered_scales_is_refused_by_name(int8_folder, tmp_path):

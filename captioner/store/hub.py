@@ -222,8 +222,8 @@ def _card_body(meta: dict) -> str:
              f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over the "
              f"{'x'.join(map(str, fp['grid_hw']))} grid of {fp['name']}, trained on {meta['dataset']}; "
              f"{meta['parameters']:,} parameters in {meta['dtype']}"
-             + (" (matrices in 8 bits with a float16 scale per 64 entries of a row, read as float32)"
-                if meta["dtype"] == "int8" else "") + ".", "",
+             + (f" (matrices in 8 bits with a float16 scale per {meta['quantization']['group']} entries of a row, "
+                "read as float32)" if meta["dtype"] == "int8" else "") + ".", "",
              "```bash", f"captioner caption photo.jpg --model owner/{meta['name']}   # or this folder", "```", ""]
     if scores:
         lines += [f"## Scores ({meta['dataset']} {context['split'] or ''}, beam {context['beam'] or '?'}, "
