@@ -130,6 +130,21 @@ def run_step(step: dict, log) -> None:
           flush=True)
 
 
+EPOCH_KEYS = ("epoch", "CIDEr-D", "BLEU-4", "train_reward", "train_greedy_reward", "train_xe", "val_loss",
+              "time_s")
+
+
+def _epoch_figures(command: list[str]) -> list[dict]:
+    """The per-epoch figures of ``command``'s run (its metrics.jsonl: greedy validation, the training reward), kept
+    in the row: how a stage moved, which the final evaluation alone does not say."""
+    run_dir = _run_dir(command)
+    metrics = run_dir / "metrics.jsonl" if run_dir is not None else None
+    if metrics is None or not metrics.is_file():
+        return []
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in lines]
+
+
 def train_and_evaluate(step: dict, log, rows: Path) -> dict:
     """Train ``step`` (each of its commands, resumed where interrupted), evaluate its model on val with the box
     and mirror figures, and write the row (figures, commands, wall times) to ``rows``/NAME.json."""
@@ -142,7 +157,7 @@ def train_and_evaluate(step: dict, log, rows: Path) -> dict:
     result = json.loads(done.stdout)
     result.update({"train_commands": [" ".join(["captioner", *c]) for c in step["train"]],
                    "evaluate_command": " ".join(["captioner", *evaluate]), "train_wall_s": train_s,
-                   "evaluate_wall_s": time.time() - start})
+                   "evaluate_wall_s": time.time() - start, "last_stage_epochs": _epoch_figures(step["train"][-1])})
     rows.mkdir(parents=True, exist_ok=True)
     (rows / f"{step['name']}.json").write_text(json.dumps(result, indent=1))
     return result

@@ -10,7 +10,8 @@ Every cross-entropy row trains configs/flickr8k_soft.yaml, the shipped recipe's 
 (8 epochs, one hour), with one option changed; `xe_control` is the same run without it. Up-Down runs the whole
 shipped soft recipe (XE, SCST, SCST, averaged: configs/flickr8k_updown*.yaml), against the shipped flickr8k_soft
 (docs/grounding/rows/shipped_soft.json, evaluated the same way); `updown_xe` evaluates its cross-entropy stage alone,
-against `xe_control`.
+against `xe_control`. The `updown_probe_*` steps each train one SCST epoch of Up-Down from that cross-entropy stage
+with one factor of the collapsed first stage changed (the learning rate, the XE term, the baseline): why it collapses.
 Each is evaluated with `captioner evaluate --split val --beam 3 --mirror-check --entities
 data/flickr8k/flickr30k_entities --json`; its figures, commands and wall times go to
 docs/training-options/rows/NAME.json. Diverse beam search needs no training: scripts/diverse_beam.py.
@@ -52,7 +53,27 @@ def steps() -> list[dict]:
         {"name": "updown_steady", "model": "runs/flickr8k_updown_scst_steady_more/averaged.pt",
          "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
                    for stage in ("", "_scst_steady", "_scst_steady_more")]},
+        *(_probe(name, *sets) for name, (sets, _) in PROBES.items()),
     ]
+
+
+# Why Up-Down's first SCST stage collapses (issue 62): its first epoch from the cross-entropy stage
+# (runs/flickr8k_updown, trained by `updown_steady`'s first command) with one factor changed at a time
+PROBES = {
+    "updown_probe_base": ((), "as `flickr8k_updown_scst` (lr 1e-4, no XE term, mean baseline)"),
+    "updown_probe_lr": (("train.lr=5e-5",), "lr 5e-5"),
+    "updown_probe_xe": (("train.objective.xe_weight=0.1",), "the 0.1 XE term"),
+    "updown_probe_lr_xe": (("train.lr=5e-5", "train.objective.xe_weight=0.1"),
+                           "lr 5e-5 and the 0.1 XE term (`_scst_steady`'s first epoch)"),
+    "updown_probe_greedy": (("train.objective.baseline=greedy",), "the greedy caption's reward as baseline"),
+}
+
+
+def _probe(name: str, *sets: str) -> dict:
+    """One SCST epoch of Up-Down from its cross-entropy stage (lr_schedule none: the stage's first epoch)."""
+    sets_ = [item for key in (f"train.run_dir=runs/options/{name}", "train.epochs=1", *sets) for item in ("--set", key)]
+    return {"name": name, "model": f"runs/options/{name}/best.pt",
+            "train": [["train", "--config", "configs/flickr8k_updown_scst.yaml", *sets_]]}
 
 
 LABELS = {
@@ -102,9 +123,31 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
     if len(recipe) > 1 and shipped is not None:
         lines += ["", head[0].format("whole recipe"), head[1]]
         lines += [_row(RECIPE_LABELS[name], r, shipped) for name, r in recipe.items()]
+    probes = {name: rows[name] for name in PROBES if name in rows}
+    if probes:
+        lines += ["", format_probes(probes, rows.get("updown_xe"))]
     lines += ["", "Commands (each row's training, then its evaluation):", ""]
     for name, r in rows.items():
         lines.append(f"- `{name}`: " + "; ".join(f"`{c}`" for c in r["train_commands"] + [r["evaluate_command"]]))
+    return "\n".join(lines)
+
+
+def format_probes(probes: dict[str, dict], xe: dict | None) -> str:
+    """Up-Down's first SCST epoch, one factor at a time: greedy validation after it (the cross-entropy stage ended
+    at 43.9), the sampled captions' reward, then beam 3 on val and how many words and distinct captions it uses."""
+    lines = ["| Up-Down, one SCST epoch from its cross-entropy stage | greedy val CIDEr-D | train reward | beam 3: "
+             "BLEU-4 / METEOR / CIDEr-D | words | distinct captions | epoch wall |", "|---|---|---|---|---|---|---|"]
+    if xe is not None:
+        s = xe["scores"]
+        lines.append(f"| the cross-entropy stage (`updown_xe`) | 43.9 | - | {s['BLEU-4']:.1f} / {s['METEOR']:.1f} / "
+                     f"{s['CIDEr-D']:.2f} | {xe['vocabulary']} | {100 * xe['distinct_captions']:.1f} % | - |")
+    for name, r in probes.items():
+        s, epoch = r["scores"], (r.get("last_stage_epochs") or [{}])[-1]
+        greedy, reward = epoch.get("CIDEr-D"), epoch.get("train_reward")
+        lines.append(f"| {PROBES[name][1]} | {'-' if greedy is None else f'{greedy:.1f}'} | "
+                     f"{'-' if reward is None else f'{reward:.3f}'} | {s['BLEU-4']:.1f} / {s['METEOR']:.1f} / "
+                     f"{s['CIDEr-D']:.2f} | {r['vocabulary']} | {100 * r['distinct_captions']:.1f} % | "
+                     f"{minutes(r['train_wall_s'])} |")
     return "\n".join(lines)
 
 
