@@ -133,20 +133,25 @@ def format_report(rows: dict[str, dict], shipped: dict | None) -> str:
 
 
 def format_probes(probes: dict[str, dict], xe: dict | None) -> str:
-    """Up-Down's first SCST epoch, one factor at a time: greedy validation after it (the cross-entropy stage ended
-    at 43.9), the sampled captions' reward, then beam 3 on val and how many words and distinct captions it uses."""
+    """Up-Down's first SCST epoch, one factor at a time: greedy validation after it (against the cross-entropy
+    stage's last), the sampled captions' reward, then beam 3 on val and how many words and distinct captions it
+    uses."""
     lines = ["| Up-Down, one SCST epoch from its cross-entropy stage | greedy val CIDEr-D | train reward | beam 3: "
              "BLEU-4 / METEOR / CIDEr-D | words | distinct captions | epoch wall |", "|---|---|---|---|---|---|---|"]
+    def last(r: dict, key: str, digits: int) -> str:
+        value = (r.get("last_stage_epochs") or [{}])[-1].get(key)
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    def scores(r: dict) -> str:
+        s = r["scores"]
+        return (f"{s['BLEU-4']:.1f} / {s['METEOR']:.1f} / {s['CIDEr-D']:.2f} | {r['vocabulary']} | "
+                f"{100 * r['distinct_captions']:.1f} %")
+
     if xe is not None:
-        s = xe["scores"]
-        lines.append(f"| the cross-entropy stage (`updown_xe`) | 43.9 | - | {s['BLEU-4']:.1f} / {s['METEOR']:.1f} / "
-                     f"{s['CIDEr-D']:.2f} | {xe['vocabulary']} | {100 * xe['distinct_captions']:.1f} % | - |")
+        lines.append(f"| the cross-entropy stage (`updown_xe`), where they start | {last(xe, 'CIDEr-D', 1)} | - | "
+                     f"{scores(xe)} | - |")
     for name, r in probes.items():
-        s, epoch = r["scores"], (r.get("last_stage_epochs") or [{}])[-1]
-        greedy, reward = epoch.get("CIDEr-D"), epoch.get("train_reward")
-        lines.append(f"| {PROBES[name][1]} | {'-' if greedy is None else f'{greedy:.1f}'} | "
-                     f"{'-' if reward is None else f'{reward:.3f}'} | {s['BLEU-4']:.1f} / {s['METEOR']:.1f} / "
-                     f"{s['CIDEr-D']:.2f} | {r['vocabulary']} | {100 * r['distinct_captions']:.1f} % | "
+        lines.append(f"| {PROBES[name][1]} | {last(r, 'CIDEr-D', 1)} | {last(r, 'train_reward', 3)} | {scores(r)} | "
                      f"{minutes(r['train_wall_s'])} |")
     return "\n".join(lines)
 

@@ -45,15 +45,18 @@ def test_up_down_is_compared_with_the_shipped_soft_model_once_its_recipe_is_done
 
 def test_up_downs_probes_each_state_their_factor_the_greedy_epoch_and_the_words():
     """The collapse probes: one SCST epoch each, the greedy validation CIDEr-D after it and the training reward (from
-    the row's last_stage_epochs), beam 3, the words and distinct captions; the cross-entropy stage first."""
-    xe = {**_row(48.67, 0.504, 3177.0), "vocabulary": 232, "distinct_captions": 0.837}
+    the row's last_stage_epochs), beam 3, the words and distinct captions; the cross-entropy stage first (its last
+    epoch's greedy figure); '-' for a row written before the epochs were kept."""
+    xe = {**_row(48.67, 0.504, 3177.0), "vocabulary": 232, "distinct_captions": 0.837,
+          "last_stage_epochs": [{"epoch": 7, "CIDEr-D": 42.1}, {"epoch": 8, "CIDEr-D": 43.94}]}
     probe = {**_row(40.84, 0.55, 410.0), "vocabulary": 104, "distinct_captions": 0.399,
              "last_stage_epochs": [{"epoch": 1, "CIDEr-D": 40.04, "train_reward": 0.6123}]}
     old = _row(47.0, 0.55, 400.0)  # a row written before the epochs were kept
     old.update(vocabulary=150, distinct_captions=0.6)
     text = option_runs.format_report({"updown_xe": xe, "updown_probe_base": probe, "updown_probe_lr": old}, None)
     table = text.split("| Up-Down, one SCST epoch", 1)[1].splitlines()
-    assert table[2] == "| the cross-entropy stage (`updown_xe`) | 43.9 | - | 20.0 / 20.4 / 48.67 | 232 | 83.7 % | - |"
+    assert table[2] == ("| the cross-entropy stage (`updown_xe`), where they start | 43.9 | - | 20.0 / 20.4 / 48.67 | "
+                        "232 | 83.7 % | - |")
     assert table[3] == ("| as `flickr8k_updown_scst` (lr 1e-4, no XE term, mean baseline) | 40.0 | 0.612 | "
                         "20.0 / 20.4 / 40.84 | 104 | 39.9 % | 6 min 50 s |")
     assert table[4].startswith("| lr 5e-5 | - | - | 20.0 / 20.4 / 47.00 | 150 | 60.0 % |")
