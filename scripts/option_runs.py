@@ -138,6 +138,7 @@ def format_probes(probes: dict[str, dict], xe: dict | None) -> str:
     uses."""
     lines = ["| Up-Down, one SCST epoch from its cross-entropy stage | greedy val CIDEr-D | train reward | beam 3: "
              "BLEU-4 / METEOR / CIDEr-D | words | distinct captions | epoch wall |", "|---|---|---|---|---|---|---|"]
+
     def last(r: dict, key: str, digits: int) -> str:
         value = (r.get("last_stage_epochs") or [{}])[-1].get(key)
         return "-" if value is None else f"{value:.{digits}f}"
