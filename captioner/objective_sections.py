@@ -263,6 +263,9 @@ class SelfCriticalConfig(ObjectiveConfig):
     max_length: int = 0  # most words per sampled caption; 0 = the decoding length (eval.max_length)
     forbid_unk: bool = True  # never sample <unk> (captions are read by people)
     greedy_images: int = 500  # training images whose greedy caption's reward is logged every epoch
+    # T of the sampled captions: words drawn from softmax(logits / T), the gradient that policy's (below 1: sharper
+    # samples; decoding is unchanged)
+    sample_temperature: float = 1.0
     # hard attention: sample (the cells are drawn with the words: one trajectory, one advantage) | argmax
     # (words are sampled, each reads its arg-max cell as decoding does: the reward trains the words, not where
     # to look; the scorer learns only from xe_weight's term, and only if eval.attention_mode reads softly)
@@ -275,7 +278,7 @@ class SelfCriticalConfig(ObjectiveConfig):
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {**ObjectiveConfig.CHOICES, "baseline": SCST_BASELINES,
                                                      "attention_mode": ("sample", "argmax")}
-    POSITIVE: ClassVar[tuple[str, ...]] = ("samples",)
+    POSITIVE: ClassVar[tuple[str, ...]] = ("samples", "sample_temperature")
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_length", "greedy_images", "xe_weight", "grounding_weight")
 
     def own_check(self, hard: bool) -> None:

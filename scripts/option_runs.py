@@ -66,6 +66,8 @@ PROBES = {
     "updown_probe_lr_xe": (("train.lr=5e-5", "train.objective.xe_weight=0.1"),
                            "lr 5e-5 and the 0.1 XE term (`_scst_steady`'s first epoch)"),
     "updown_probe_greedy": (("train.objective.baseline=greedy",), "the greedy caption's reward as baseline"),
+    "updown_probe_temperature": (("train.objective.sample_temperature=0.7",),
+                                 "captions sampled at temperature 0.7 (softmax(logits / 0.7))"),
 }
 
 

@@ -15,8 +15,9 @@ from captioner.config import AttentionConfig, load_config
 from captioner.data.vocab import Vocab
 from captioner.decoding.options import DecodeOptions
 from captioner.decoding.search import beam_search, greedy_search
+from captioner.models.attention import AttentionOutput
 from captioner.models.decoders import DECODERS, ShowAttendTellConfig
-from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput
+from captioner.models.decoders.contract import CaptionDecoder, DecoderOutput, SampleDraws
 from captioner.models.decoders.registry import build_decoder
 from captioner.names import ATTENTIONS
 from captioner.training.losses import scst_baseline, scst_loss, soft_attention_loss
@@ -151,6 +152,45 @@ def test_sampling_and_the_scst_loss_train_every_part(kind):
                                start_id=START, end_id=END, forbid_ids=(PAD, START))
     for row, hyp in zip(drawn.tokens.tolist(), greedy):
         assert row[:len(hyp[0].tokens)] == hyp[0].tokens
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampling_at_a_temperature_draws_from_and_scores_the_tempered_policy(kind):
+    """SCST's sample_temperature T: each sampled word's log-probability is log softmax(logits / T) (forbidden
+    words masked) at the teacher-forced logits of the drawn caption, with autograd on as in training."""
+    dec = tiny(kind).eval()
+    grid = torch.randn(3, L, D, generator=torch.Generator().manual_seed(1))
+    k, T = 4, 0.5
+    sample = dec.sample(grid, k, START, END, max_length=6, forbid_ids=(3,), attention_mode="expectation",
+                        generator=torch.Generator().manual_seed(2), temperature=T)
+    n = sample.tokens.shape[0]
+    captions = torch.cat([torch.full((n, 1), START), sample.tokens], dim=1)
+    with torch.no_grad():
+        logits = dec(grid.repeat_interleave(k, 0), captions, sample.lengths + 1).logits  # (n, t, V)
+    logits[..., [3, PAD, START]] = -float("inf")
+    expected = F.log_softmax(logits / T, -1).gather(2, sample.tokens.unsqueeze(2)).squeeze(2)
+    live = torch.arange(sample.tokens.shape[1])[None] < sample.lengths[:, None]
+    torch.testing.assert_close(sample.word_log_probs.detach()[live], expected[live], atol=1e-5, rtol=1e-5)
+    untempered = F.log_softmax(logits, -1).gather(2, sample.tokens.unsqueeze(2)).squeeze(2)
+    assert not torch.allclose(expected[live], untempered[live], atol=1e-3)  # T changed the policy
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        dec.sample(grid, k, START, END, max_length=6, temperature=0.0)
+
+
+def test_tempered_draws_follow_softmax_of_logits_over_t():
+    """SampleDraws at T = 0.5 on fixed logits: the share of each word among 40,000 draws is softmax(logits / T)
+    (to 0.01), and the forbidden word is never drawn."""
+    logits = torch.tensor([[0.0, 1.0, 0.5, 2.0, -1.0]]).repeat(40000, 1)
+    draws = SampleDraws(40000, START, END, PAD, (3,), False, torch.Generator().manual_seed(0), torch.device("cpu"),
+                        temperature=0.5)
+    draws.draw(logits, AttentionOutput(context=torch.zeros(40000, 1), alpha=torch.ones(40000, 1), log_prob=None,
+                                       entropy=None, index=None))
+    masked = logits[0].clone()
+    masked[[3, PAD, START]] = -float("inf")
+    want = torch.softmax(masked / 0.5, -1)
+    share = torch.bincount(draws.tokens, minlength=5).float() / 40000
+    torch.testing.assert_close(share, want, atol=0.01, rtol=0)
+    torch.testing.assert_close(draws.word_lp[0], torch.log(want)[draws.tokens])
 
 
 # --------------------------------------------------------------------------- the Transformer's own parts

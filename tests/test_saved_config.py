@@ -196,12 +196,14 @@ def test_an_old_objective_reads_as_the_section_of_the_objective_it_trained_with(
     before = json.dumps(saved, sort_keys=True)
     # grounding_weight (issue 52), label smoothing and scheduled sampling (issue 55) and the grounding term's form
     # (issue 62) are newer than every old layout: their defaults (the schedule only where the cross-entropy
-    # sections have it)
+    # sections have it, the sampling temperature only in SCST's)
     newer = {"grounding_weight": 0.0, "grounding_loss": "cross_entropy", "grounding_power": 1.0,
              "label_smoothing": 0.0}
     if section["kind"] != "scst":
         newer.update(scheduled_sampling_start=-1, scheduled_sampling_increase_every=5,
                      scheduled_sampling_increase_prob=0.05, scheduled_sampling_max_prob=0.25)
+    else:
+        newer["sample_temperature"] = 1.0
     assert config_to_dict(read_saved_config(saved, "old.pt"))["train"]["objective"] == {**section, **newer}
     assert json.dumps(saved, sort_keys=True) == before  # the caller's dict is left as it was
 

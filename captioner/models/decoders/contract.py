@@ -218,8 +218,12 @@ class SampleDraws:
     CHECK_EVERY_DEFAULT = 4  # on the others (CUDA, ...)
 
     def __init__(self, rows: int, start_id: int, end_id: int, pad_id: int, forbid_ids: tuple[int, ...],
-                 greedy: bool, generator: torch.Generator | None, device: torch.device) -> None:
+                 greedy: bool, generator: torch.Generator | None, device: torch.device,
+                 temperature: float = 1.0) -> None:
+        if not temperature > 0:
+            raise ValueError(f"sampling temperature must be > 0, got {temperature!r}")
         self.end_id, self.pad_id, self.greedy, self.generator = end_id, pad_id, greedy, generator
+        self.temperature = float(temperature)
         device = torch.device(device)
         forbid = sorted(set(forbid_ids) | {pad_id, start_id})  # <pad> and <start> are never words
         self.forbid = torch.tensor(forbid, dtype=torch.long, device=device)  # (b,)
@@ -237,6 +241,8 @@ class SampleDraws:
         """Next word of every row from its logits (N, V); False once every caption has ended (known at the steps
         that read it, every check_every)."""
         logits = logits.index_fill(1, self.forbid.to(logits.device), -math.inf)
+        if self.temperature != 1.0:  # the policy is softmax(logits / T): its log-probabilities are the gradient's
+            logits = logits / self.temperature
         log_p = F.log_softmax(logits.float(), dim=-1)  # (N, V)
         if self.greedy:
             tokens = log_p.argmax(dim=-1)
@@ -343,7 +349,7 @@ class CaptionDecoder(nn.Module, ABC):
 
     def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
                attention_mode: str | None = None, forbid_ids: tuple[int, ...] = (), greedy: bool = False,
-               generator: torch.Generator | None = None) -> SampleOutput:
+               generator: torch.Generator | None = None, temperature: float = 1.0) -> SampleOutput:
         """Draw ``samples`` captions per image (rows i*samples .. i*samples+samples-1 belong to image i),
         keeping the graph: the gradient of Σ_t log p(w_t) (+ log p(s_t) for hard attention) is the
         REINFORCE gradient of self-critical training (losses.scst_loss).
@@ -352,12 +358,13 @@ class CaptionDecoder(nn.Module, ABC):
         the masked one. ``greedy`` takes each step's arg-max word instead (the Rennie et al. baseline).
         Dropout is active in training mode, with the same mask for the draw and the gradient (one forward),
         so the estimate stays on-policy. ``attention_mode`` None: hard attention samples its cells, soft
-        attention reads softly (each as it was trained).
+        attention reads softly (each as it was trained). ``temperature`` T draws the words from softmax(logits / T),
+        and their log-probabilities are that distribution's (below 1: sharper; the greedy word is the same).
         """
         mode = self._sample_mode(attention_mode)
         state = self.expand_state(self.init_state(grid), samples)
         draws = SampleDraws(grid.shape[0] * samples, start_id, end_id, self.pad_id, forbid_ids, greedy, generator,
-                            grid.device)
+                            grid.device, temperature)
         for _ in range(max_length):
             logits, read, state = self.next_logits(draws.tokens, state, mode)
             if not draws.draw(logits, read):

@@ -325,17 +325,18 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     def sample(self, grid: Tensor, samples: int, start_id: int, end_id: int, max_length: int,
                attention_mode: str | None = None, forbid_ids: tuple[int, ...] = (), greedy: bool = False,
-               generator: torch.Generator | None = None) -> SampleOutput:
+               generator: torch.Generator | None = None, temperature: float = 1.0) -> SampleOutput:
         """contract.CaptionDecoder.sample, with one set of step weights for the whole sequence (deferred
         gradients) and, without autograd, projected values (expand_state)."""
         if not fast.enabled():
             return super().sample(grid, samples, start_id, end_id, max_length, attention_mode, forbid_ids, greedy,
-                                  generator)
+                                  generator, temperature)
         mode = self._sample_mode(attention_mode)
         state = self.expand_state(self.init_state(grid), samples)  # without autograd it may be a ProjectedState
         projected = isinstance(state, ProjectedState)
         h, c, *memory = state  # h, c: (N, H), N = B * samples
-        draws = SampleDraws(h.shape[0], start_id, end_id, self.pad_id, forbid_ids, greedy, generator, grid.device)
+        draws = SampleDraws(h.shape[0], start_id, end_id, self.pad_id, forbid_ids, greedy, generator, grid.device,
+                            temperature)
         weights = self._step_weights()
         for _ in range(max_length):
             emb = self.embedding(draws.tokens)  # (N, E)

@@ -6,7 +6,8 @@ trajectory, or reads each word's arg-max cell), each is scored by CIDEr-D agains
 (``rewards.CiderD``, document frequencies from the training split), and ``losses.scst_loss`` weighs each caption's
 log-probability by its reward minus a baseline that does not depend on it: the mean reward of the image's other
 samples (Luo 2020) or the reward of the greedy caption (Rennie et al.). Batches hold images, not captions (a
-per-image dataset). With ``reward_end`` the <end> of sampled and reference captions is scored as a word.
+per-image dataset). With ``reward_end`` the <end> of sampled and reference captions is scored as a word; with
+``sample_temperature`` T the words are drawn from softmax(logits / T), and T's policy is the one the gradient moves.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class SelfCritical(Objective):
         """One batch of images: k samples each, their rewards, baselines and the REINFORCE loss."""
         s = self.section
         k = s.samples
-        out = forward(batch.inputs, sample={"samples": k, "attention_mode": self.sample_mode, **self.sampling})
+        out = forward(batch.inputs, sample={"samples": k, "attention_mode": self.sample_mode,
+                                            "temperature": s.sample_temperature, **self.sampling})
         if self.sample_mode == "argmax":  # a deterministic read is no action of the policy: words only
             out = dataclasses.replace(out, location_log_probs=None, location_entropies=None)
         images = batch.indices.repeat_interleave(k)  # (B*k,) record index of each sample
