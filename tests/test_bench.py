@@ -93,16 +93,17 @@ def test_unknown_bench_or_config_names_the_valid_ones():
 
 
 @pytest.mark.slow
-def test_cli_quick_json_has_every_configuration(one_thread, capsys):
+def test_cli_quick_json_has_every_figure_of_the_configuration_asked_for(one_thread, capsys):
     # main() in this process; its training workers are still `scripts/bench.py --train-worker` processes, three
-    # per configuration, each starting torch (seconds apiece). --configs R7,R14: the two checked here (F8K's
-    # worker runs in test_train_worker_reports_positive_numbers; at --quick sizes its decode is R7's).
+    # per configuration, each starting torch (seconds apiece). --configs R7: the one checked here (R14 differs only in
+    # its grid and feature width; F8K's worker runs in test_train_worker_reports_positive_numbers; at --quick sizes its
+    # decode is R7's).
     bench = load_bench()
-    assert bench.main(["--quick", "--json", "--only", "train,decode", "--configs", "R7,R14", "--threads", "1"]) == 0
+    assert bench.main(["--quick", "--json", "--only", "train,decode", "--configs", "R7", "--threads", "1"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert results["matmul_gflops"] > 0
-    assert {"R7", "R14"} <= set(results) and "F8K" not in results  # --configs: those asked for, no other
-    for config in ("R7", "R14"):
+    assert "R7" in results and not {"R14", "F8K"} & set(results)  # --configs: those asked for, no other
+    for config in ("R7",):
         for key in ("train_caps_per_s", "peak_rss_mb", "train_useful_gflops", "train_frac_of_matmul",
                     "greedy_img_per_s", "beam3_img_per_s", "beam5_img_per_s"):
             assert results[config][key] > 0, (config, key)
