@@ -53,6 +53,9 @@ def steps() -> list[dict]:
         {"name": "updown_steady", "model": "runs/flickr8k_updown_scst_steady_more/averaged.pt",
          "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
                    for stage in ("", "_scst_steady", "_scst_steady_more")]},
+        {"name": "updown_tempered", "model": "runs/flickr8k_updown_scst_tempered_more/averaged.pt",
+         "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
+                   for stage in ("", "_scst_tempered", "_scst_tempered_more")]},
         *(_probe(name, *sets) for name, (sets, _) in PROBES.items()),
     ]
 
@@ -90,6 +93,7 @@ LABELS = {
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
                  "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)",
+                 "updown_tempered": "Up-Down, both SCST stages sampling at temperature 0.7 (`_scst_tempered*.yaml`)",
                  "soft_pointing_scst_more": "LSTM, that XE stage then both SCST stages with the mass term "
                                             "(`flickr8k_soft_pointing*.yaml`; issue 62)",
                  "soft_pointing_finetune": "LSTM, the shipped model then its second SCST stage again with the mass "
