@@ -47,17 +47,19 @@ def steps() -> list[dict]:
         _xe("scheduled_sampling", *SCHEDULE),
         {"name": "updown_xe", "model": "runs/flickr8k_updown/best.pt",
          "train": [["train", "--config", "configs/flickr8k_updown.yaml"]]},
-        {"name": "updown", "model": "runs/flickr8k_updown_scst_more/averaged.pt",
-         "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
-                   for stage in ("", "_scst", "_scst_more")]},
-        {"name": "updown_steady", "model": "runs/flickr8k_updown_scst_steady_more/averaged.pt",
-         "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
-                   for stage in ("", "_scst_steady", "_scst_steady_more")]},
-        {"name": "updown_tempered", "model": "runs/flickr8k_updown_scst_tempered_more/averaged.pt",
-         "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"]
-                   for stage in ("", "_scst_tempered", "_scst_tempered_more")]},
+        _updown_recipe("updown", ""),
+        _updown_recipe("updown_steady", "_steady"),
+        _updown_recipe("updown_tempered", "_tempered"),
         *(_probe(name, *sets) for name, (sets, _) in PROBES.items()),
     ]
+
+
+def _updown_recipe(name: str, variant: str) -> dict:
+    """Up-Down's cross-entropy stage, then flickr8k_updown_scst{variant}.yaml and _scst{variant}_more.yaml; the last
+    stage's averaged model is evaluated."""
+    stages = ("", f"_scst{variant}", f"_scst{variant}_more")
+    return {"name": name, "model": f"runs/flickr8k_updown{stages[-1]}/averaged.pt",
+            "train": [["train", "--config", f"configs/flickr8k_updown{stage}.yaml"] for stage in stages]}
 
 
 # Why Up-Down's first SCST stage collapses (issue 62): its first epoch from the cross-entropy stage
