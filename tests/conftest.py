@@ -91,9 +91,11 @@ def in_hub_cache():
 # The files that take longest (seconds of test time, junit, 2026-12-05), run first: `make test` hands whole files to
 # its workers in collection order (--dist loadfile), so with these at the front the small files fill the end and the
 # workers finish together, instead of one worker starting a minute-long file while the other has nothing left.
-LONGEST_FIRST = ("test_attention_family.py", "test_kill_resume.py", "test_scst_train.py", "test_train.py",
-                 "test_objective_contract.py", "test_bench_scale.py", "test_stop_together.py", "test_notebook.py",
-                 "test_end_to_end.py", "test_serve_load.py", "test_ensemble.py", "test_amp.py", "test_bench.py")
+# test_gpu.py's `gpu` tests run on the CPU in make test (CAPTIONER_GPU_TEST_DEVICE=cpu): 56 s there.
+LONGEST_FIRST = ("test_attention_family.py", "test_kill_resume.py", "test_scst_train.py", "test_gpu.py",
+                 "test_train.py", "test_objective_contract.py", "test_bench_scale.py", "test_stop_together.py",
+                 "test_notebook.py", "test_end_to_end.py", "test_serve_load.py", "test_ensemble.py", "test_amp.py",
+                 "test_bench.py")
 
 
 def pytest_collection_modifyitems(config, items):
