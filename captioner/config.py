@@ -199,8 +199,10 @@ class Config:
 
 
 # The reader of the sections (registration.TaggedSections): model.decoder and train.objective are tagged unions,
-# their dataclass the one their ``kind`` names in its family (a decoder family's, a training objective's); a --set
-# of train.objective.kind refuses the file's keys the new objective reads in another sense.
+# their dataclass the one their ``kind`` names in its family (a decoder family's, a training objective's). A --set
+# of model.decoder.kind that changes it starts the section afresh, as the same change in a config file does
+# (config_files.merge); a --set of train.objective.kind keeps the keys both objectives read alike and refuses the
+# file's keys the new objective reads in another sense.
 _SECTIONS = TaggedSections(Config, {DecoderFamilyConfig: DECODERS, ObjectiveConfig: OBJECTIVES},
                            reinterpreted=("train.objective",))
 kinded_section = _SECTIONS.kinded_section
@@ -208,6 +210,12 @@ kinded_family_defaults = _SECTIONS.kinded_defaults
 split_override = TaggedSections.split_override
 parse_override = _SECTIONS.parse_override
 apply_override = _SECTIONS.apply_override
+
+
+def sections_reset(data: dict, overrides: Iterable[str]) -> list[str]:
+    """The kinded sections of a config file's ``data`` that ``overrides`` start afresh (a --set of a kind that
+    changes it: the file's keys there are not the run's; ``captioner config show --origin`` says so)."""
+    return [where for text in overrides if _SECTIONS.sets_a_kind(text) and (where := _SECTIONS.resets(data, text))]
 
 
 def config_from_dict(data: dict) -> Config:

@@ -1,7 +1,9 @@
 """Config files: where one is found (a path, or a shipped config's name) and what it says once its bases are read.
 
 A config file lists only what it changes. It may name a base (``base: flickr8k_soft``, a shipped config's name, or
-a path, relative to the file's folder first) whose values it starts from; the base may have a base of its own.
+a path) whose values it starts from, looked for beside the file, then among the shipped names, then from the working
+directory (so a shipped name means the shipped config wherever the command runs); the base may have a base of its
+own.
 The file's mappings merge into its base's, key by key; any other value replaces the base's. One exception keeps a
 merge from mixing two kinds' keys: a kinded section (``model.decoder``, ``train.objective``) whose ``kind`` the file
 changes is the file's alone, as ``--set`` of a whole section is (config.py). A cycle or a missing base is refused,
@@ -32,17 +34,22 @@ def shipped_configs() -> dict[str, Path]:
 
 
 def resolve_config_path(path: str | Path, near: Path | None = None) -> Path:
-    """A config file path, or the name of a shipped config (``flickr8k_soft`` or ``flickr8k_soft.yaml``);
-    ``near``: the folder a relative path is looked for in first (a base's, its file's folder)."""
+    """A config file path, or the name of a shipped config (``flickr8k_soft`` or ``flickr8k_soft.yaml``).
+    ``near``: the folder of the file that names ``path`` as its base, where a relative path is looked for first,
+    then among the shipped names, and only then from the working directory (which came before the shipped names,
+    so that a ``flickr8k_soft.yaml`` there changed what a file's ``base: flickr8k_soft.yaml`` meant); a path given
+    on its own (``--config``) is the file it names, else a shipped name."""
     candidate = Path(path)
-    for folder in ([near] if near is not None and not candidate.is_absolute() else []):
-        for found in (folder / candidate, folder / f"{candidate}.yaml"):
-            if found.is_file():
-                return found
-    if candidate.is_file():
-        return candidate
     shipped = shipped_configs()
     name = candidate.stem if candidate.suffix in (".yaml", ".yml") and len(candidate.parts) == 1 else str(path)
+    if near is not None and not candidate.is_absolute():
+        for found in (near / candidate, near / f"{candidate}.yaml"):
+            if found.is_file():
+                return found
+        if name in shipped:
+            return shipped[name]
+    if candidate.is_file():
+        return candidate
     if name in shipped:
         return shipped[name]
     raise ConfigError(f"config file not found: {path} (shipped configs, usable by name: {', '.join(shipped)})")

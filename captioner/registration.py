@@ -119,8 +119,10 @@ class TaggedSections:
     """Nested config dataclasses (under ``root``) read from mappings and ``key.path=value`` overrides, where a
     kinded section's dataclass is the one its ``kind`` names in its ``Family`` (``kinded``: base class -> family;
     a tagged union: ``model.decoder``, ``train.objective``). Types are checked as read (ints where floats are
-    expected), unknown keys name the valid ones; ``reinterpreted``: the kinded sections whose keys a kind change
-    by override may read in another sense (refused unless the section is set whole). config.py builds one."""
+    expected), unknown keys name the valid ones. A kind changed by override starts its section afresh, that kind's
+    defaults, as a config file's kind change does (config_files.py), except in the ``reinterpreted`` sections,
+    which keep the keys the new kind reads in one sense and refuse those it reads in another (unless the section
+    is set whole). config.py builds one."""
 
     def __init__(self, root: type, kinded: dict[type, Family], reinterpreted: tuple[str, ...] = ()) -> None:
         self.root, self.kinded, self.reinterpreted = root, dict(kinded), reinterpreted
@@ -282,23 +284,39 @@ class TaggedSections:
         """Whether an override sets a kinded section's kind (applied first: the section's other keys are its)."""
         return ".".join(self.split_override(text)[0]) in {f"{f.where}.kind" for f in self.kinded.values()}
 
+    def _kind_change(self, data: dict, parts: list[str], value: Any) -> tuple[Family, dict] | None:
+        """(the family, the section's mapping in ``data``) when an override (``parts`` = value) changes the kind of
+        a kinded section the file sets; None for any other override."""
+        where = ".".join(parts[:-1])
+        family = next((f for f in self.kinded.values() if f.where == where), None)
+        if family is None or parts[-1] != "kind":
+            return None
+        node: Any = data
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or node.get("kind", family.default) == value:
+            return None
+        return family, node
+
+    def resets(self, data: dict, text: str) -> str | None:
+        """The section a ``key.path=value`` override starts afresh in ``data`` (a kind change of a kinded section
+        that is not ``reinterpreted``: its keys were the old kind's), or None."""
+        parts, value = self.parse_override(text, self.kinds_of(data))
+        change = self._kind_change(data, parts, value)
+        where = ".".join(parts[:-1])
+        return where if change is not None and where not in self.reinterpreted else None
+
     def _refuse_reinterpreted_keys(self, data: dict, parts: list[str], value: Any) -> None:
         """A --set of a ``reinterpreted`` section's kind refuses the file's keys that the new kind reads in another
         sense (loo's ``samples``, K paths per caption, is not SCST's captions per image); keys declared by a class
         both kinds share (``alpha_c`` from xe to loo) stay. Keys the new kind lacks: ``from_dict`` refuses them
         as unknown, with that advice."""
         where = ".".join(parts[:-1])
-        family = next((f for f in self.kinded.values() if f.where == where), None)
-        if family is None or where not in self.reinterpreted:
+        change = self._kind_change(data, parts, value)
+        if change is None or where not in self.reinterpreted:
             return
-        node: Any = data
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            return
+        family, node = change
         old_kind = node.get("kind", family.default)
-        if old_kind == value:
-            return
         old, new = family.section(old_kind), family.section(value)
         differ = [k for k in node if k != "kind" and _declared_by(new, k) is not None
                   and _declared_by(new, k) is not _declared_by(old, k)]
@@ -309,7 +327,10 @@ class TaggedSections:
 
     def apply_override(self, data: dict, text: str) -> None:
         """Set one ``key.path=value`` override into a nested dict, checking the path exists (a kinded section's
-        keys: those of the kind the dict names there; a kind change: ``_refuse_reinterpreted_keys``)."""
+        keys: those of the kind the dict names there). A kind change starts the section afresh (``resets``), as
+        a config file's does: `--set model.decoder.kind=transformer` over an LSTM section kept its feature_dropout,
+        and its hidden_dim, the LSTM's size, became the feed-forward width; in a ``reinterpreted`` section, the
+        keys the new kind reads in another sense are refused instead (``_refuse_reinterpreted_keys``)."""
         kinds = self.kinds_of(data)
         parts, value = self.parse_override(text, kinds)
         if parts[-1] == "kind":
@@ -319,6 +340,9 @@ class TaggedSections:
                 raise
             except ValueError:  # an unknown kind: the section lookup below names the valid ones
                 pass
+            if self.resets(data, text):
+                self._kind_change(data, parts, value)[1].clear()  # the new kind's keys follow (kinds first)
+                kinds = self.kinds_of(data)
         path = ".".join(parts)
         typ = self.field_type_at(parts, kinds)
         if dataclasses.is_dataclass(typ) and not isinstance(value, dict):

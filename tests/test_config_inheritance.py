@@ -82,6 +82,59 @@ def test_a_base_is_looked_for_beside_its_file_then_by_shipped_name(tmp_path):
     assert load_config(child).train.lr == 0.125
 
 
+def test_a_shipped_name_as_base_means_the_shipped_config_wherever_the_command_runs(tmp_path, monkeypatch):
+    """A base not beside its file was looked up in the working directory before the shipped names: the same file
+    meant another config when run from a folder holding a flickr8k_soft.yaml. Shipped names come first now."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    _write(tmp_path, "flickr8k_soft", "train:\n  lr: 0.125\n")  # in the working directory, not beside the file
+    monkeypatch.chdir(tmp_path)
+    for base in ("flickr8k_soft", "flickr8k_soft.yaml"):
+        child = _write(folder, "child", f"base: {base}\ntrain:\n  epochs: 2\n")
+        assert load_config(child).train.lr == load_config("flickr8k_soft").train.lr != 0.125
+        assert load_config(child).train.epochs == 2
+    _write(folder, "own_base", "train:\n  lr: 0.25\n")  # a base that is no shipped name: beside the file, then here
+    assert load_config(_write(folder, "c2", "base: own_base\n")).train.lr == 0.25
+    _write(tmp_path, "cwd_base", "train:\n  lr: 0.375\n")
+    assert load_config(_write(folder, "c3", "base: cwd_base.yaml\n")).train.lr == 0.375
+    assert load_config(tmp_path / "flickr8k_soft.yaml").train.lr == 0.125  # a --config path is the path given
+
+
+@pytest.mark.parametrize("section, keys", [
+    ("model:\n  decoder:\n    feature_dropout: 0.5\n    hidden_dim: 1024\n", ["model.decoder.kind=transformer"]),
+    ("model:\n  decoder:\n    kind: transformer\n    hidden_dim: 1024\n    layers: 3\n", ["model.decoder.kind=lstm"]),
+    ("model:\n  decoder:\n    feature_dropout: 0.5\n", ["model.decoder.kind=updown", "model.decoder.dropout=0.25"]),
+])
+def test_a_kind_change_by_set_means_what_the_same_change_in_a_file_means(tmp_path, section, keys):
+    """`--set model.decoder.kind=transformer` over an LSTM section kept its keys of the same name (its
+    feature_dropout 0.5; its hidden_dim, the LSTM's size, became the feed-forward width), where a file's kind
+    change takes the section as the file's alone: both routes give one resolved config now."""
+    base = _write(tmp_path, "base", section)
+    sets = dict(key.split("=", 1) for key in keys)
+    lines = "".join(f"    {k.rsplit('.', 1)[1]}: {v}\n" for k, v in sets.items())
+    child = _write(tmp_path, "child", f"base: base\nmodel:\n  decoder:\n{lines}")
+    by_file, by_set = load_config(child), load_config(base, keys)
+    assert config_to_dict(by_set) == config_to_dict(by_file)
+    kind = sets["model.decoder.kind"]
+    fresh = load_config(None, keys).model.decoder
+    assert by_set.model.decoder == fresh and fresh.kind == kind
+    # the shipped soft model's LSTM section, its kind changed both ways
+    soft = _write(tmp_path, "soft_transformer", "base: flickr8k_soft\nmodel:\n  decoder:\n    kind: transformer\n")
+    assert config_to_dict(load_config("flickr8k_soft", ["model.decoder.kind=transformer"])) == \
+        config_to_dict(load_config(soft))
+    assert load_config("flickr8k_soft", ["model.decoder.kind=transformer"]).model.decoder.feature_dropout == 0.0
+    # the same kind, set: the section's keys stay (no kind change)
+    assert load_config("flickr8k_soft", ["model.decoder.kind=lstm"]).model.decoder.feature_dropout == 0.5
+
+
+def test_config_show_says_a_kind_change_by_set_left_the_files_keys_behind(capsys):
+    assert config_main(["show", "flickr8k_soft", "--origin", "--set", "model.decoder.kind=transformer"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    dropout = next(line for line in lines if line.startswith("model.decoder.feature_dropout:"))
+    assert dropout == "model.decoder.feature_dropout: 0.0  # default"
+    assert next(line for line in lines if line.startswith("model.decoder.kind:")).endswith("# --set")
+
+
 def test_a_cycle_and_a_missing_base_are_refused_naming_the_chain(tmp_path):
     _write(tmp_path, "p", "base: q\n")
     _write(tmp_path, "q", "base: r\n")

@@ -169,3 +169,118 @@ def test_a_signal_to_one_nonzero_rank_stops_every_rank_and_the_requeue_finishes_
     assert load_checkpoint(run.last)["in_epoch"] is None
     hashes = {(run.root / f"weights-rank{r}.sha256").read_text() for r in (0, 1)}
     assert len(hashes) == 1
+
+
+def _ending(rank: int, tmp_path: Path) -> SimpleNamespace:
+    """What the end of training (loop._finish) reads of a run, as rank ``rank`` of two, with train.average_last."""
+    return SimpleNamespace(rank=rank, world=2, is_main=rank == 0, device=torch.device("cpu"), writer=None,
+                           cfg=SimpleNamespace(train=SimpleNamespace(average_last=2)),
+                           progress=SimpleNamespace(run_id="r", epoch=3), run_dir=RunDir(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("error", ["disk", "refused", None])
+def test_averaging_at_the_end_fails_on_every_rank_together(rank, error, tmp_path, monkeypatch):
+    """train.average_last on rank 0 that raised anything but a checkpoint error (a full disk) skipped the final
+    barrier, and the other ranks waited there for the process group's timeout: now rank 0's outcome reaches every
+    rank in one broadcast, and every rank raises (rank 0 its own error). A refusal (too few kept epochs) and a
+    success alike. The collectives are played by one process; a barrier here is one rank 0 never reaches."""
+    from captioner.store.checkpoint import CheckpointError
+
+    told = []
+
+    def broadcast_flag(flag, world, device):  # rank 0's flag reaches every rank
+        told.append(flag)
+        return flag if rank == 0 else error is not None
+
+    reached = []
+
+    def barrier(world):  # noqa: ARG001 - a rank 0 whose disk is full never arrives: the process group's timeout
+        if error == "disk":
+            raise AssertionError("rank 0 never reaches this barrier: it failed before it")
+        reached.append(True)
+
+    def write_average(run_dir, last, run_id, epoch):
+        assert rank == 0, "only rank 0 averages"
+        if error == "disk":
+            raise OSError(28, "No space left on device")
+        if error == "refused":
+            raise CheckpointError("train.average_last=2: only 1 kept epoch")
+
+    monkeypatch.setattr(loop_mod, "broadcast_flag", broadcast_flag)
+    monkeypatch.setattr(loop_mod, "barrier", barrier, raising=False)
+    monkeypatch.setattr(loop_mod, "write_average", write_average)
+    run = _ending(rank, tmp_path)
+    if error is None:
+        loop_mod._finish(run)
+    else:
+        expected = {"disk": r"No space left on device",
+                    "refused": r"training finished .* averaged.pt was not written: train.average_last=2"}[error]
+        with pytest.raises((OSError, TrainingError),
+                           match=expected if rank == 0 else r"rank 0 failed while writing averaged.pt .*; rank 1 "
+                                                            r"stops too"):
+            loop_mod._finish(run)
+    assert told == [rank == 0 and error is not None]  # one broadcast, from every rank
+    assert reached == ([True] if error is None else [])  # the final barrier: once every rank is known to succeed
+
+
+_ENDING = '''
+"""One rank of two (gloo) at the end of training with train.average_last, rank 0's disk full: prints how it ended."""
+import datetime
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+import captioner.training.loop as loop
+from captioner.store.rundir import RunDir
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+
+
+def write_average(run_dir, last, run_id, epoch):
+    raise OSError(28, "No space left on device")
+
+
+loop.write_average = write_average
+run = SimpleNamespace(rank=rank, world=2, is_main=rank == 0, device=torch.device("cpu"), writer=None,
+                      cfg=SimpleNamespace(train=SimpleNamespace(average_last=2)),
+                      progress=SimpleNamespace(run_id="r", epoch=3), run_dir=RunDir(Path(sys.argv[1])))
+try:
+    loop._finish(run)
+    print(f"rank {rank} finished", flush=True)
+except Exception as err:
+    print(f"rank {rank} raised {type(err).__name__}: {err}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_two_gloo_ranks_end_together_when_rank_0s_average_fails(tmp_path):
+    """The same with two real gloo processes: rank 1 raises, saying that rank 0 failed. Before, it sat in a barrier
+    rank 0 never reached, and learned of it only when rank 0's process ended (gloo: "Connection closed by peer";
+    NCCL notices no such thing, and waits for the process group's timeout)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "ending.py"
+    script.write_text(_ENDING)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "run")], cwd=REPO,
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=90) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert "rank 0 raised OSError: [Errno 28] No space left on device" in outs[0][0], outs[0]
+    assert ("rank 1 raised TrainingError: rank 0 failed while writing averaged.pt (its error is in its own output); "
+            "rank 1 stops too") in outs[1][0], outs[1]

@@ -16,6 +16,7 @@ from captioner.config import (
     config_to_dict,
     kinded_family_defaults,
     load_config,
+    sections_reset,
     shipped_configs,
     split_override,
 )
@@ -52,7 +53,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     if not args.origin:
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
-    origins = {} if args.config is None else read_config_file(args.config, kinded_family_defaults()).origins
+    file = None if args.config is None else read_config_file(args.config, kinded_family_defaults())
+    origins = {} if file is None else file.origins
+    for where in [] if file is None else sections_reset(file.data, args.overrides):  # the file's keys there: gone
+        origins = {k: v for k, v in origins.items() if not k.startswith(where + ".")}
     sets = [".".join(split_override(text)[0]) for text in args.overrides]
     for path, value in _leaves(config_to_dict(cfg)):
         where = next(("--set" for s in sets if path == s or path.startswith(s + ".")), None)

@@ -8,7 +8,9 @@ A model folder holds three files, the layout model hubs (huggingface.co) expect:
   weights in the encoder fingerprint, checked on load. A randomly initialised backbone travels in the file.
 - ``config.json``: what rebuilds the model around those weights: the resolved config, the vocabulary, the
   encoder fingerprint, the weights file's SHA-256 (checked on load: a damaged or replaced file is refused by
-  name), the data set and the scores it was exported with.
+  name), the data set and the scores it was exported with. What reading the weights needs besides the tensors,
+  int8's group size, is in the weights file's own header, under that SHA-256 (``QUANTIZATION_KEY``); config.json's
+  copy of it must say the same, or the folder is refused.
 - ``README.md``: the model card. It opens with the metadata block a hub reads (``library_name``, ``tags``,
   ``datasets``, ``metrics`` and, in ``model-index``, their values); re-exporting into a folder refreshes that
   block and keeps the text below it.
@@ -54,6 +56,9 @@ FINGERPRINT_HEADING = "## Fingerprint\n"  # the card's section written from conf
 BACKBONE_PREFIX = "encoder.backbone."  # frozen pretrained weights: installed with the package, not in the folder
 # the weights file's number formats: int8 is group-wise 8-bit (store/quantize.py), read back as float32
 DTYPES = {"float16": torch.float16, "float32": torch.float32, "int8": torch.int8}
+# The weights file's header entry (JSON) with what dequantizing int8 weights reads besides the tensors: the group
+# size. In the file, it is under the SHA-256 config.json records; config.json's "quantization" must equal it.
+QUANTIZATION_KEY = "quantization"
 # Caption metric -> the metric id a hub's model-index uses.
 METRIC_TYPES = {"BLEU-1": "bleu", "BLEU-2": "bleu", "BLEU-3": "bleu", "BLEU-4": "bleu", "METEOR": "meteor",
                 "ROUGE-L": "rouge", "CIDEr-D": "cider"}
@@ -115,7 +120,8 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
         directory: the folder (created; files of the same names are replaced, a card's text is kept).
         name: the model's name (default: the folder's).
         dtype: "float16" (half the size), "float32" (bit-exact) or "int8" (a quarter of float32: matrices in
-            8 bits with a float16 scale per 64 entries of a row, vectors in float16; what the shipped models use).
+            8 bits with a float16 scale per 64 entries of a row, rounded up, float32 where float16 cannot hold it;
+            vectors in float16; what the shipped models use).
         scores: validation scores to record (``captioner evaluate --out`` JSON, or metric -> value).
         dataset: the data set's name for the card (default: from the config's data section).
         source: where the weights came from (a checkpoint path), recorded as is.
@@ -128,27 +134,38 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if group is not None and dtype != "int8":
         raise ValueError(f"a group size ({group}) is int8's setting; dtype {dtype} has no scales")
-    group = quantize.GROUP if group is None else group
-    if group < 1:
-        raise ValueError(f"group {group}: the entries per int8 scale must be at least 1")
+    group = quantize.check_group(quantize.GROUP if group is None else group)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name = name or directory.resolve().name
     installed = bool(model.pretrained_backbone)
     kept = {k: v for k, v in model.state_dict().items() if not (installed and k.startswith(BACKBONE_PREFIX))}
+    for key, value in kept.items():  # what the file holds is what the model holds: finite, and within float16
+        if not value.is_floating_point() or not value.numel():
+            continue
+        if not bool(torch.isfinite(value).all()):  # (in int8, one inf made its whole group NaN)
+            bad = int((~torch.isfinite(value)).sum())
+            raise ValueError(f"{key}: {bad} of its {value.numel()} entries are not finite (inf or NaN); "
+                             f"not exporting them")
+        halved = dtype == "float16" or (dtype == "int8" and key.startswith(BACKBONE_PREFIX))
+        if halved and float(value.abs().max()) > torch.finfo(torch.float16).max:
+            raise ValueError(f"{key}: an entry of magnitude {float(value.abs().max()):g} is beyond float16's "
+                             f"{torch.finfo(torch.float16).max:g}; export it as float32")
     # under int8 a backbone that travels in the file stays float16: its fingerprint digests the weights as loaded
     cast = DTYPES[dtype] if dtype != "int8" else torch.float16
     tensors = {k: (v.to(cast) if v.is_floating_point() else v).contiguous() for k, v in kept.items()
                if dtype != "int8" or k.startswith(BACKBONE_PREFIX)}
+    header = {"format": FORMAT, "name": name}
     if dtype == "int8":
         tensors.update(quantize.pack({k: v for k, v in kept.items() if not k.startswith(BACKBONE_PREFIX)}, group))
+        header[QUANTIZATION_KEY] = json.dumps(quantization_of(tensors, group))
     cfg = config_to_dict(model.config)
     cfg["model"]["encoder"]["pretrained"] = installed  # True: the backbone comes from the installed weights
     # A reader never meets half a file, and a failed export (a full disk: atomic.DiskFullError) leaves the folder
     # as it was: config.json, which names the weights' SHA-256, is written from the weights' temp file before that
     # file replaces model.safetensors, so a failure at either file removes the new weights too.
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "name": name})
+        save_file(tensors, str(tmp), metadata=header)
         meta = {
             "format": FORMAT, "version": VERSION, "name": name, "library_name": "captioner", "dtype": dtype,
             "weights_sha256": sha256_of(tmp), "weights_bytes": tmp.stat().st_size,
@@ -158,11 +175,18 @@ def save_model_folder(model: nn.Module, directory: str | Path, name: str | None 
             "config": cfg, "vocab": model.vocab.to_dict(), "source_checkpoint": source,
             "scores": {k: v for k, v in (scores or {}).items() if k != "predictions"},
         }
-        if dtype == "int8":  # what reading needs besides the file: the entries per scale
-            meta["quantization"] = {"bits": 8, "group": group, "scales": "float16"}
+        if dtype == "int8":  # a copy of what the file's header says reading needs: the entries per scale
+            meta["quantization"] = json.loads(header[QUANTIZATION_KEY])
         write_text_atomic(directory / CONFIG_FILE, json.dumps(meta, indent=1) + "\n")
     write_card(directory / CARD_FILE, meta)
     return directory
+
+
+def quantization_of(tensors: dict[str, torch.Tensor], group: int) -> dict:
+    """What an int8 file's header (and config.json) says of its weights: 8 bits, the entries per scale, and the
+    scales' format (float16, float32 where float16 cannot hold a tensor's: store/quantize.py)."""
+    formats = sorted({str(v.dtype).removeprefix("torch.") for k, v in tensors.items() if quantize.is_scale_key(k)})
+    return {"bits": 8, "group": group, "scales": " or ".join(formats) or "float16"}
 
 
 # --------------------------------------------------------------------------- the model card
@@ -222,8 +246,9 @@ def _card_body(meta: dict) -> str:
              f"A Show, Attend and Tell captioner (Xu et al. 2015): {meta['attention']} attention over the "
              f"{'x'.join(map(str, fp['grid_hw']))} grid of {fp['name']}, trained on {meta['dataset']}; "
              f"{meta['parameters']:,} parameters in {meta['dtype']}"
-             + (f" (matrices in 8 bits with a float16 scale per {meta['quantization']['group']} entries of a row, "
-                "read as float32)" if meta["dtype"] == "int8" else "") + ".", "",
+             + (f" (matrices in 8 bits with a {meta['quantization']['scales']} scale per "
+                f"{meta['quantization']['group']} entries of a row, read as float32)" if meta["dtype"] == "int8"
+                else "") + ".", "",
              "```bash", f"captioner caption photo.jpg --model owner/{meta['name']}   # or this folder", "```", ""]
     if scores:
         lines += [f"## Scores ({meta['dataset']} {context['split'] or ''}, beam {context['beam'] or '?'}, "
@@ -293,6 +318,45 @@ def _checked_weights(directory: Path, meta: dict) -> Path:
     return weights
 
 
+def int8_group(weights: Path, meta: dict) -> int:
+    """The group size the int8 weights in ``weights`` were written with: from the file's header, under the SHA-256
+    config.json records (config.json's own copy, which no digest covers, loaded the shipped model with weights off
+    by up to 2.56 when edited). Refused by name: a header without it, a group size below 1, and a config.json whose
+    "quantization" says otherwise than the header."""
+    from safetensors import SafetensorError, safe_open
+
+    config = weights.parent / CONFIG_FILE
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            recorded = (f.metadata() or {}).get(QUANTIZATION_KEY)
+    except (SafetensorError, OSError) as err:
+        raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
+    if recorded is None:
+        raise ModelFolderError(
+            f"{weights}: int8 weights whose header does not record their group size (written before it moved there "
+            f"from {CONFIG_FILE}, where no digest covers it); export the model again from its checkpoint "
+            f"({meta.get('source_checkpoint') or 'the run it came from'}) with `captioner export --dtype int8`")
+    try:
+        quantization = json.loads(recorded)
+        group = quantize.check_group(quantization["group"])
+    except (json.JSONDecodeError, TypeError, KeyError, ValueError) as err:
+        raise ModelFolderError(f"{weights}: its header's {QUANTIZATION_KEY} {recorded!r} is unusable ({err})") from None
+    listed = meta.get("quantization")
+    if listed is not None:
+        try:
+            if not isinstance(listed, dict):
+                raise ValueError(f"expected a mapping, got {json.dumps(listed)}")
+            quantize.check_group(listed.get("group"))
+        except ValueError as err:
+            raise ModelFolderError(f"{config}: quantization: {err}") from None
+        if listed != quantization:
+            raise ModelFolderError(
+                f"{config}: quantization {json.dumps(listed)} differs from the {json.dumps(quantization)} that "
+                f"{weights.name} was written with (in its header, under the SHA-256 {CONFIG_FILE} records): an "
+                f"edited {CONFIG_FILE}; fetch or export the model again")
+    return group
+
+
 def weights_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape in a safetensors file, from its header alone (no tensor is read)."""
     from safetensors import SafetensorError, safe_open
@@ -339,10 +403,13 @@ def read_model_folder(directory: str | Path, expected_shapes: ShapesOf | None = 
     if expected_shapes is not None:
         _check_shapes(weights, cfg, expected_shapes(cfg, vocab))
     try:
-        # int8 weights (dtype int8) read back as float32, with the group size they were written with
-        tensors = quantize.unpack(load_file(str(weights)), int(meta.get("quantization", {}).get("group", 1)))
+        stored = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise ModelFolderError(f"{weights}: unreadable safetensors file ({err})") from None
+    # int8 weights read back as float32, with the group size they were written with (the file's header says it)
+    group = int8_group(weights, meta) if any(v.dtype == torch.int8 for v in stored.values()) else quantize.GROUP
+    try:
+        tensors = quantize.unpack(stored, group)
     except ValueError as err:
         raise ModelFolderError(f"{weights}: damaged int8 weights: {err}") from None
     return cfg, vocab, tensors, meta

@@ -563,13 +563,25 @@ def train(cfg: Config, resume: str | None = None) -> Path:
     if os.environ.get(WEIGHTS_HASH_ENV):
         run.run_dir.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.run_dir.weights_hash(run.rank), _weights_hash(run.model) + "\n")
-    refused = _average(run) if run.is_main and cfg.train.average_last else None
+    _finish(run)
+    return run.run_dir.root
+
+
+def _finish(run: _Run) -> None:
+    """The end of a run on every rank: rank 0 writes ``train.average_last``'s average, and its outcome reaches every
+    rank in one broadcast (_fail_together), so that all raise together: rank 0 its own error, the refusal of a run
+    that kept too few epochs or any other (a full disk), and the others a TrainingError saying so. (A barrier here
+    waited for a rank 0 that had raised past it, until the process group's timeout.)"""
+    failure: BaseException | None = None
+    if run.is_main and run.cfg.train.average_last:
+        try:
+            failure = _average(run)
+        except Exception as err:  # noqa: BLE001 - a full disk, say: every rank hears of it, then it is raised
+            failure = err
     if run.writer is not None:
         run.writer.close()
-    barrier(run.world)  # every rank gets here, also when the average is refused (raised after)
-    if refused is not None:
-        raise refused
-    return run.run_dir.root
+    _fail_together(run, failure, f"writing {run.run_dir.averaged.name}")
+    barrier(run.world)  # no rank failed: every rank leaves together, rank 0's files written
 
 
 def _average(run: _Run) -> TrainingError | None:
