@@ -111,6 +111,11 @@ def test_one_file_without_the_other_and_a_wrong_folder_are_refused(tmp_path):
     ("1000268201", "1000268201"),
     ("99_a#mirror", "99"),  # data.mirror's training copy
     ("images/99_a.jpg#mirror", "99"),
+    # a '#' in a folder's name is no suffix: only the file name's own is cut
+    ("data/set#2/1000268201_693b08cb0e.jpg", "1000268201"),
+    ("data/set#2/1000268201_693b08cb0e.jpg#mirror", "1000268201"),
+    ("data\\set#2\\1000268201_693b08cb0e.jpg", "1000268201"),
+    ("1000268201_693b08cb0e.jpg#2", "1000268201"),  # a caption number's suffix
 ])
 def test_entity_ids_are_file_stems_up_to_the_first_underscore(image_id, photo):
     assert entity_id(image_id) == photo

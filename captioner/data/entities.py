@@ -68,12 +68,13 @@ def lemma(word: str) -> str:
 
 
 def entity_id(image_id: str) -> str:
-    """The Flickr30k photo id of a record's image id: the file's stem up to its first ``_``, without a mirrored
-    copy's ``#`` suffix. Record ids come in every shape a data format gives them: a Flickr8k stem
-    (``1000268201_693b08cb0e``), a file name (``1000092795.jpg``: Flickr30k's own), or a path under data.root
-    (``images/1000268201_693b08cb0e.jpg``, data.format captions), while the Entities files are named by the bare
-    number."""
-    name = re.split(r"[\\/]", image_id.split("#", 1)[0])[-1]
+    """The Flickr30k photo id of a record's image id: the file's stem up to its first ``_``, without the ``#``
+    suffix that follows the file name (a mirrored copy's ``#mirror``, a caption number's ``#2``). Record ids come in
+    every shape a data format gives them: a Flickr8k stem (``1000268201_693b08cb0e``), a file name
+    (``1000092795.jpg``: Flickr30k's own), or a path under data.root (``images/1000268201_693b08cb0e.jpg``,
+    data.format captions), while the Entities files are named by the bare number. Only the last path component is
+    read: a ``#`` in a folder's name (``data/set#2/1000268201_693b08cb0e.jpg``) is no suffix."""
+    name = re.split(r"[\\/]", image_id)[-1].split("#", 1)[0]
     return name.split("_", 1)[0].split(".", 1)[0]
 
 
