@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from captioner.api import load_captioner
     from captioner.data.datasets import load_records
-    from captioner.evaluation.split import evaluate_model, format_table
+    from captioner.evaluation.split import PER_PHOTO, evaluate_model, format_table
     from captioner.training.loop import train
 
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print("[4/4] summary")
     summary = {
-        "test": {k: v for k, v in result.items() if k != "predictions"},
+        "test": {k: v for k, v in result.items() if k not in PER_PHOTO},
         "captions": captions,
         "wall_time_s": round(time.time() - t0, 1),
         "torch_threads": torch.get_num_threads(),

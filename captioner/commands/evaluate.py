@@ -24,7 +24,7 @@ from captioner.commands.arguments import (
 )
 from captioner.data.images import JPEG_QUALITIES
 from captioner.evaluation.metrics import resolve_tokenizer
-from captioner.evaluation.split import cached_grids, evaluate_model, format_table
+from captioner.evaluation.split import PER_PHOTO_BOXES, cached_grids, evaluate_model, format_table, summary
 from captioner.names import ENSEMBLE_ATTENTIONS, SPLITS
 
 
@@ -130,14 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.results_file:
             from captioner.evaluation.results import write_results
 
-            n = write_results(args.results_file, records, result["predictions"])
+            n = write_results(args.results_file, records, result["predictions"], result.get(PER_PHOTO_BOXES))
             print(f"captioner evaluate: wrote {n} captions to {args.results_file}", file=sys.stderr)
     except OSError as err:  # a full disk (atomic.DiskFullError names the file and the free space), a bad path
         write_error = err
     else:
         write_error = None
     if args.json:  # the scores took the whole decode: printed even when a file could not be written
-        print(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=2))
+        print(json.dumps(summary(result), indent=2))
     else:
         print(format_table(result, split))
     if write_error is not None:

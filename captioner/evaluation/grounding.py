@@ -138,6 +138,7 @@ class CaptionRead:
     maps: np.ndarray
     scored: list[ScoredWord]
     annotated: dict[str, list]
+    photo: EntityImage | None = None  # the photo's annotations (generated captions: GVD's figures read its references)
 
 
 class PointingFigures:
@@ -207,6 +208,9 @@ class BoxGrounding:
         self.metrics = {name: GROUNDING_METRICS.get(name).build(grid_hw, entities, class_photos) for name in names}
         self._cells: dict[tuple[str, str], np.ndarray] = {}
         self.without_annotation = 0
+        # photo id -> its generated caption's boxed words, pointing hits, centre hits and inside sum: what a paired
+        # bootstrap (evaluation/paired.py) resamples
+        self.per_photo: dict[str, dict[str, float]] = {}
 
     def _scored(self, image_id: str, index: int, key: str, boxes: list, row: str) -> ScoredWord:
         """A scored word, its boxes' cell shares rasterised once per photo and class."""
@@ -231,7 +235,8 @@ class BoxGrounding:
         regions = self.source.word_regions(image_id, words)
         scored = [self._scored(photo.image_id, i, r.key, r.region, r.row) for i, r in enumerate(regions) if r]
         annotated = {key: boxes for key, (boxes, _) in self.source.heads(image_id).items()}
-        self._add(CaptionRead("generated", [lemma(word) for word in words], maps, scored, annotated))
+        self.per_photo[image_id] = photo_sums(maps, scored, self.grid_hw)
+        self._add(CaptionRead("generated", [lemma(word) for word in words], maps, scored, annotated, photo))
 
     def add_teacher_forced(self, photo: EntityImage, sentence_index: int, alphas: np.ndarray,
                            max_length: int | None = None) -> None:
@@ -260,6 +265,19 @@ class BoxGrounding:
             out.update(metric.figures())
         return {**out, "photos": len(self.entities.images), "photos_without_annotation": len(self.entities.missing),
                 "source": str(self.entities.folder)}
+
+
+def photo_sums(maps: np.ndarray, scored: Sequence[ScoredWord], grid_hw: tuple[int, int]) -> dict[str, float]:
+    """One caption's box figures as sums over its scored words (GroundingTally's per-word figures, summed):
+    {"words", "pointing" (peak cell mostly inside), "centre" (the centre cell is), "inside" (Σ α inside)}."""
+    out = {"words": len(scored), "pointing": 0, "centre": 0, "inside": 0.0}
+    centre = centre_cell(grid_hw)
+    for word in scored:
+        a = maps[word.index]
+        out["pointing"] += int(word.cells[int(a.argmax())] >= MOSTLY_INSIDE)
+        out["centre"] += int(word.cells[centre] >= MOSTLY_INSIDE)
+        out["inside"] += float(inside(a, word.cells))
+    return out
 
 
 def word_boxes(photo: EntityImage | None, words: Sequence[str]) -> list[list[tuple[float, float, float, float]] | None]:

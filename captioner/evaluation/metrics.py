@@ -221,8 +221,23 @@ def caption_diversity(predictions: dict[Any, str]) -> dict[str, int | float | No
 
 def _meteor(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: float) -> float | None:
     """METEOR 1.5 through pycocoevalcap's Java wrapper; None (with a warning) if it cannot run."""
+    scored = _meteor_scores(gts, res, timeout_s)
+    return None if scored is None else 100.0 * scored[0]
+
+
+def meteor_segments(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: float = 600.0
+                    ) -> list[float] | None:
+    """METEOR 1.5's per-photo (segment) scores (0-1), in ``res``'s key order; None (with a warning) if it cannot
+    run. Their mean is close to the corpus figure, not equal to it (the corpus figure pools the matches)."""
+    scored = _meteor_scores(gts, res, timeout_s)
+    return None if scored is None else scored[1]
+
+
+def _meteor_scores(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: float
+                   ) -> tuple[float, list[float]] | None:
+    """(corpus METEOR, per-photo scores), both 0-1, or None with a warning."""
     if shutil.which("java") is None:
-        warnings.warn("METEOR unavailable: no `java` on PATH (install a JRE to report it)", stacklevel=3)
+        warnings.warn("METEOR unavailable: no `java` on PATH (install a JRE to report it)", stacklevel=4)
         return None
     from pycocoevalcap.meteor.meteor import Meteor
 
@@ -233,10 +248,10 @@ def _meteor(gts: dict[str, list[str]], res: dict[str, list[str]], timeout_s: flo
         # a wedged JVM would block readline forever: killing it turns the hang into an error
         timer = threading.Timer(timeout_s, scorer.meteor_p.kill)
         timer.start()
-        score, _ = scorer.compute_score(gts, res)
-        return 100.0 * float(score)
+        score, segments = scorer.compute_score(gts, res)
+        return float(score), [float(x) for x in segments]
     except (OSError, ValueError, RuntimeError) as err:
-        warnings.warn(f"METEOR failed, reported as None: {type(err).__name__}: {err}", stacklevel=3)
+        warnings.warn(f"METEOR failed, reported as None: {type(err).__name__}: {err}", stacklevel=4)
         return None
     finally:
         if timer is not None:

@@ -33,10 +33,15 @@ def results_image_id(image_id: str, file_name: str | Path) -> int | str:
     return int(match.group(1)) if match else image_id
 
 
-def write_results(path: str | Path, records: Sequence[Any], predictions: dict[str, str]) -> int:
+def write_results(path: str | Path, records: Sequence[Any], predictions: dict[str, str],
+                  boxes: dict[str, dict] | None = None) -> int:
     """Write the predicted caption of each record (``predictions``: record image id -> caption) as a COCO
-    results file; returns how many were written."""
-    results = [{"image_id": results_image_id(r.image_id, r.path), "caption": predictions[r.image_id]}
+    results file; returns how many were written. ``boxes`` (record image id -> the photo's box figures, summed over
+    its boxed words: ``evaluate --entities``) adds a "boxes" object to every entry (zeros for a photo without boxed
+    words), which COCO's tools ignore and ``captioner score --compare`` resamples."""
+    empty = {"words": 0, "pointing": 0, "centre": 0, "inside": 0.0}
+    results = [{"image_id": results_image_id(r.image_id, r.path), "caption": predictions[r.image_id],
+                **({"boxes": boxes.get(r.image_id, empty)} if boxes is not None else {})}
                for r in records if r.image_id in predictions]
     write_text_atomic(path, json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     return len(results)
@@ -71,6 +76,35 @@ def read_results(path: str | Path) -> dict[str, str]:
     if not captions:
         raise ResultsError(f"{path}: no results")
     return captions
+
+
+BOX_KEYS = ("words", "pointing", "centre", "inside")
+
+
+def _count(value: Any) -> bool:
+    """A finite number >= 0 (not a bool)."""
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def read_photo_boxes(path: str | Path) -> dict[str, dict] | None:
+    """image id (as text) -> the photo's box figures ({"words", "pointing", "centre", "inside"} sums), from a results
+    file written by ``captioner evaluate --entities --results-file``; None when its entries carry none."""
+    path = Path(path)
+    data = _load_json(path, "results file")
+    if not isinstance(data, list) or not any(isinstance(item, dict) and "boxes" in item for item in data):
+        return None
+    out: dict[str, dict] = {}
+    for index, item in enumerate(data):
+        boxes = item.get("boxes") if isinstance(item, dict) else None
+        if not isinstance(boxes, dict) or not all(_count(boxes.get(k)) for k in BOX_KEYS):
+            raise ResultsError(f"{path}: entry [{index}] has no valid \"boxes\" object ({', '.join(BOX_KEYS)}: "
+                               f"numbers >= 0), while other entries have one")
+        if max(boxes["pointing"], boxes["centre"], boxes["inside"]) > boxes["words"]:
+            raise ResultsError(f"{path}: entry [{index}]'s boxes count more hits than words: {boxes}")
+        out[str(item["image_id"])] = {k: boxes[k] for k in BOX_KEYS}
+    return out
 
 
 # --------------------------------------------------------------------------- references

@@ -34,6 +34,7 @@ from captioner.evaluation.metrics import (
 )
 from captioner.evaluation.regions import word_shares
 from captioner.evaluation.score import score_rows
+from captioner.evaluation.word_classes import WordClassTally, format_word_classes
 from captioner.models.attention import ONE_CELL_MODES
 from captioner.models.ensemble import describe_ensemble
 
@@ -116,6 +117,17 @@ def _check_reencoding(jpeg_quality: int | None, cache: Any) -> None:
                              f"grids of the original files: pass cache=None")
 
 
+# evaluate_model's per-photo keys: the captions, and the box figures of each photo's caption (write_results'
+# "boxes"); left out of the printed and stored summaries
+PER_PHOTO_BOXES = "box_photos"
+PER_PHOTO = ("predictions", PER_PHOTO_BOXES)
+
+
+def summary(result: dict) -> dict:
+    """An evaluation's figures without its per-photo entries (PER_PHOTO)."""
+    return {k: v for k, v in result.items() if k not in PER_PHOTO}
+
+
 def evaluate_model(
     model,
     records: Sequence,
@@ -179,7 +191,7 @@ def evaluate_model(
         "grounding": grounding.mean,
         "grounding_words": len(grounding.shares),
         "grounding_words_images": grounding.images,
-        **({"boxes": boxes} if boxes is not None else {}),
+        **({"boxes": boxes, PER_PHOTO_BOXES: boxes.pop(PER_PHOTO_BOXES)} if boxes is not None else {}),
         "n_images": len(records),
         "grids": "feature cache" if cache is not None else "images",
         "jpeg_quality": jpeg_quality,
@@ -242,8 +254,11 @@ def box_grounding(model, records: Sequence, reads: dict[str, tuple], options: De
     greedy captions only) both report."""
     mode = teacher_forced_mode(options.attention_mode)
     grounding = BoxGrounding(entities, model.grid_hw, one_cell=mode in ONE_CELL_MODES, metrics=metrics)
+    classes = WordClassTally()  # which words, by class, and how each class attends (evaluation/word_classes.py)
     for image_id, (words, alphas, cells) in reads.items():
         grounding.add_generated(image_id, words, alphas, cells if options.attention_mode in ONE_CELL_MODES else None)
+        if (photo := entities.get(image_id)) is not None and len(words):
+            classes.add(photo, words, alphas)
     annotated = [r for r in records if entities.get(r.image_id) is not None] if teacher_forced else []
     if hasattr(model, "decoder") and annotated:  # an ensemble has no one teacher-forced map
         bar = tqdm(total=len(annotated), desc="read annotated references", unit="img", disable=not progress,
@@ -268,7 +283,7 @@ def box_grounding(model, records: Sequence, reads: dict[str, tuple], options: De
                 for (photo, k), a in zip(photos, alphas):
                     grounding.add_teacher_forced(photo, k, a, max_length=max_length)
         bar.close()
-    return grounding.figures()
+    return {**grounding.figures(), "word_classes": classes.figures(), PER_PHOTO_BOXES: grounding.per_photo}
 
 
 def mirror_figures(model, records: Sequence, reads: dict[str, tuple], options: DecodeOptions, batch_size: int,
@@ -332,6 +347,8 @@ def format_table(result: dict, split: str) -> str:
                         f"changes)")
     if result.get("boxes"):
         rows += format_grounding(result["boxes"])
+        if result["boxes"].get("word_classes"):
+            rows += format_word_classes(result["boxes"]["word_classes"])
     return "\n".join(rows + _mirror_rows(result))
 
 
