@@ -149,11 +149,11 @@ def test_step_weights_are_plain_without_autograd_and_check_splits():
         step_weights(weight, (1, 1))
 
 
-def _reference_outputs(fast: FastShowAttendTellDecoder, grid, captions, lengths, hard: bool):
+def _reference_outputs(fast: FastShowAttendTellDecoder, grid, captions, lengths, hard: bool, scene: str = "none"):
     """The reference decoder module (the paper's equations step by step over the padded batch, nothing sorted,
     packed, cached or fused) with the fast decoder's weights, every fast path off: (reference module, its
     padded logits, alphas, mask, log p(s_t), entropies)."""
-    ref = ShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft").to(grid.dtype).eval()
+    ref = ShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft", scene=scene).to(grid.dtype).eval()
     ref.load_state_dict(fast.state_dict())  # the same state_dict keys: one set of weights, two implementations
     with fast_paths.reference():
         out = ref(grid, captions, lengths, attention_mode="argmax" if hard else "expectation")  # argmax: deterministic
@@ -163,14 +163,16 @@ def _reference_outputs(fast: FastShowAttendTellDecoder, grid, captions, lengths,
 _ARGS = dict(vocab_size=23, feature_dim=10, embed_dim=8, hidden_dim=9, attention_dim=7, dropout=0.0)
 
 
+@pytest.mark.parametrize("scene", ["none", "mean"])
 @pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard-argmax"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_training_gradients_equal_the_reference_decoder(hard, dtype):
+def test_training_gradients_equal_the_reference_decoder(hard, dtype, scene):
     """The fast decoder's loss (sorted shrinking batch, packed output layer fused with token_nll, deferred LSTM
-    weight gradients) against the reference module's padded logits and F.cross_entropy: every gradient equal."""
+    weight gradients) against the reference module's padded logits and F.cross_entropy: every gradient equal, with
+    and without the scene beside the read (model.decoder.scene)."""
     torch.manual_seed(0)
     V, D, L = _ARGS["vocab_size"], _ARGS["feature_dim"], 6
-    dec = FastShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft").to(dtype).eval()
+    dec = FastShowAttendTellDecoder(**_ARGS, attention="hard" if hard else "soft", scene=scene).to(dtype).eval()
     g = torch.Generator().manual_seed(2)
     grid = torch.randn(5, L, D, generator=g, dtype=dtype, requires_grad=True)
     lengths = torch.tensor([7, 3, 7, 5, 2])  # unsorted, with ties and a one-word caption
@@ -180,7 +182,7 @@ def test_training_gradients_equal_the_reference_decoder(hard, dtype):
     captions[torch.arange(7)[None] >= lengths[:, None]] = 0
     targets = captions[:, 1:]
 
-    ref, logits, alphas, mask, log_probs, entropies = _reference_outputs(dec, grid, captions, lengths, hard)
+    ref, logits, alphas, mask, log_probs, entropies = _reference_outputs(dec, grid, captions, lengths, hard, scene)
     n = mask.sum()
     nll = F.cross_entropy(logits[mask], targets[mask], reduction="sum")
     penalty = ((1 - alphas.sum(1)) ** 2).sum()  # Eq. (14), summed over captions
@@ -269,10 +271,13 @@ def test_keep_freed_memory_applies_on_glibc_linux():
         assert applied
 
 
-@pytest.mark.parametrize("attention,mode,gate", [("soft", "expectation", "scalar"), ("hard", "argmax", "scalar"),
-                                                 ("hard", "expectation", "none"),
-                                                 ("key_value", "expectation", "scalar")])
-def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
+@pytest.mark.parametrize("attention,mode,gate,scene", [("soft", "expectation", "scalar", "none"),
+                                                       ("hard", "argmax", "scalar", "none"),
+                                                       ("hard", "expectation", "none", "none"),
+                                                       ("key_value", "expectation", "scalar", "none"),
+                                                       ("soft", "expectation", "scalar", "mean"),
+                                                       ("hard", "argmax", "scalar", "mean")])
+def test_projected_values_decode_like_the_plain_step(attention, mode, gate, scene):
     """Beam search's projected values (expand_state with enough beams for the grid) give the same
     log-probabilities, maps and search results as reading the raw context."""
     from captioner.decoding.options import DecodeOptions
@@ -280,7 +285,7 @@ def test_projected_values_decode_like_the_plain_step(attention, mode, gate):
 
     torch.manual_seed(4)
     dec = FastShowAttendTellDecoder(31, 12, embed_dim=10, hidden_dim=11, attention_dim=9, attention=attention,
-                                gate=gate, dropout=0.0).eval()
+                                gate=gate, dropout=0.0, scene=scene).eval()
     grid = torch.randn(3, 6, 12)
     K = 4
     assert dec._projects_values(K, 6) and not dec._projects_values(K, 196)  # a 14x14 grid needs 15 beams

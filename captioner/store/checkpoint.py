@@ -421,8 +421,15 @@ COUNTER_SUFFIX = "num_batches_tracked"
 
 
 def _model_section(payload: dict) -> Any:
-    """A checkpoint's saved model section in the current format (two versions' snapshots compare equal)."""
-    return upgrade_saved_config(payload["config"]).get("model")
+    """A checkpoint's saved model section in the current format, with the defaults of keys added since (two
+    versions' snapshots compare equal); as stored, upgraded, when it does not read as a config."""
+    from captioner.config import ConfigError, config_to_dict  # a floor below: imported here to keep this light
+    from captioner.store.saved_config import read_saved_config
+
+    try:
+        return config_to_dict(read_saved_config(payload["config"]))["model"]
+    except ConfigError:
+        return upgrade_saved_config(payload["config"]).get("model")
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict:

@@ -39,6 +39,27 @@ INIT_MAY_DIFFER = (("data", "entities"), ("model", "attention", "attention"), ("
                    ("model", "encoder", "update_bn_stats"))
 
 
+# the decoder's scene (show_attend_tell.py): a model without it may start one with it, its new weights zero
+SCENE_PATH = ("model", "decoder", "scene")
+
+
+def _scene_widened(weights: dict, saved_config: dict, cfg: Config, change: str) -> dict:
+    """``weights`` of a decoder without the scene, widened for one with it (show_attend_tell.widen_for_scene: the
+    same function at the start); the other direction would drop trained weights, and is refused."""
+    from captioner.models.decoders.show_attend_tell import widen_for_scene
+
+    if cfg.model.decoder.scene != "mean" or (_saved_scene(saved_config) or "none") != "none":
+        raise ConfigError(f"train.init={cfg.train.init}: {change}; only a model without the scene may start one "
+                          f"with it (its weights for the scene start at zero)")
+    feature_dim = weights["decoder.init_h.0.weight"].shape[1]  # f_init,h reads the grid's mean (B, D)
+    return widen_for_scene(weights, feature_dim)
+
+
+def _saved_scene(saved_config: dict) -> str | None:
+    decoder = saved_config.get("model", {}).get("decoder", {}) if isinstance(saved_config, dict) else {}
+    return decoder.get("scene") if isinstance(decoder, dict) else None
+
+
 def _without(section: dict, path: tuple[str, ...]) -> dict:
     """A copy of ``section`` with the key at ``path`` (below the section) removed."""
     section = json.loads(json.dumps(section))
@@ -99,10 +120,15 @@ def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     state dict is checked tensor by tensor either way (``load_weights``)."""
     changed = require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
-                                     "data.entities, model.attention.attention, the decoder's dropout rates "
-                                     "and the encoder's finetune_blocks / update_bn_stats may differ)",
-                                     may_differ=INIT_MAY_DIFFER)
-    load_weights(model, payload["model"], cfg.train.init, folder=payload.get("folder"))  # a folder: its config.json
+                                     "data.entities, model.attention.attention, the decoder's dropout rates, "
+                                     "the encoder's finetune_blocks / update_bn_stats and model.decoder.scene "
+                                     "none -> mean may differ)",
+                                     may_differ=INIT_MAY_DIFFER + (SCENE_PATH,))
+    weights = payload["model"]
+    scene_change = next((c for c in changed if c.startswith(".".join(SCENE_PATH) + ":")), None)
+    if scene_change is not None:
+        weights = _scene_widened(weights, payload["config"], cfg, scene_change)
+    load_weights(model, weights, cfg.train.init, folder=payload.get("folder"))  # a folder: its config.json
     log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
              "".join(f"; {c} (the same weights, read the new way)" for c in changed))
 

@@ -6,6 +6,16 @@
     h_t, c_t = LSTM([E y_{t-1}; beta_t z_t], (h_{t-1}, c_{t-1}))     Eq. (1)-(3)
     p(y_t) ∝ exp(L_o(E y_{t-1} + L_h h_t + L_z beta_t z_t))          Eq. (7), the deep output
 
+The scene (``scene="mean"``, not in the paper): the context becomes z_t = [read_t; ā], the attended read beside
+the whole grid's mean ā = mean_i a_i, at every step, so that a map sharpened onto one object (by supervised
+attention) does not starve the LSTM and the deep output of the rest of the photo. Anderson et al. (CVPR 2018) feed
+the mean-pooled features to their top-down LSTM the same way. It is carried as the second half of every cell's
+value vector, [v_i; ā]: any read of a distribution over the cells (the expectation, one sampled cell, the
+Gumbel read) then returns [read; ā] exactly as far as the weights sum to one, so every path (this reference, the
+fast path, the compiled step, beam search's grouped memory) carries it without a state of its own. Its weights are
+new columns of W_ih and L_z; ``widen_for_scene`` sets them to zero, so a model without the scene starts one with
+it computing exactly what it computed.
+
 This module is the reference: the equations one step at a time over the whole padded batch. What training
 and decoding run by default is its fast path, ``FastShowAttendTellDecoder`` (show_attend_tell_fast.py): the
 same parameters and state_dict, the same results to float rounding, several times faster. The reference
@@ -25,7 +35,7 @@ from captioner.models.decoders.contract import (
     caption_mask,
     shared_dropout,
 )
-from captioner.models.decoders.show_attend_tell_config import GATES
+from captioner.models.decoders.show_attend_tell_config import GATES, SCENE_READS, SCENES
 
 
 class ShowAttendTellDecoder(GridAttentionDecoder):
@@ -45,22 +55,30 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
         feature_dropout: dropout on the annotation vectors during teacher-forced training (not in the
             paper; a frozen encoder's 6,000 Flickr8k grids are otherwise memorised within a few epochs).
         pad_id: id of <pad> (its embedding stays zero).
+        scene: "none" (the paper) or "mean": the grid's mean beside the attended context at every step (the
+            module docstring).
     """
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
                  attention: str = "soft", heads: int = 1, gate: str = "scalar",
-                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0) -> None:
+                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0, scene: str = "none") -> None:
         super().__init__()
         if gate not in GATES:
             raise ValueError(f"model.decoder.gate: {gate!r} is not one of {', '.join(GATES)}")
+        if scene not in SCENES:
+            raise ValueError(f"model.decoder.scene: {scene!r} is not one of {', '.join(SCENES)}")
+        if scene != "none" and attention not in SCENE_READS:
+            raise ValueError(f"model.decoder.scene: {scene!r} sits beside a read of one value vector per cell "
+                             f"({', '.join(SCENE_READS)}), not {attention!r}")
+        self.scene = scene
         self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.attention_kind = attention
         self.attention = build_attention(attention, scorer, key_dim=feature_dim,
                                          query_dim=hidden_dim, attention_dim=attention_dim,
                                          heads=heads)
-        context_dim = self.attention.out_dim
+        context_dim = self.attention.out_dim + (feature_dim if scene != "none" else 0)  # [read; ā] with the scene
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         # f_init,h and f_init,c: one tanh layer each, as in the authors' code.
         self.init_h = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.Tanh())
@@ -76,7 +94,11 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
     def init_state(self, grid: Tensor) -> State:
         """(h_0, c_0, *attention memory) for grid (B, L, D): §3.1.2, and the keys projected once per image."""
         mean = grid.mean(dim=1)  # (B, D)
-        return (self.init_h(mean), self.init_c(mean), *self.attention.prepare(grid))
+        memory = self.attention.prepare(grid)
+        if self.scene != "none":  # each cell's value becomes [v_i; ā] (B, L, Dv + D): every read returns [read; ā]
+            values, *rest = memory
+            memory = (torch.cat([values, mean.unsqueeze(1).expand(-1, values.shape[1], -1)], dim=2), *rest)
+        return (self.init_h(mean), self.init_c(mean), *memory)
 
     def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None,
               temperature: float = 1.0) -> tuple[State, Tensor, AttentionOutput]:
@@ -125,6 +147,17 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
             features=torch.stack(features, dim=1), alphas=by_step([r.alpha for r in reads]), mask=mask,
             out=self.out, log_probs=by_step([r.log_prob for r in reads]),
             entropies=by_step([r.entropy for r in reads]))
+
+
+def widen_for_scene(weights: dict[str, Tensor], feature_dim: int, prefix: str = "decoder.") -> dict[str, Tensor]:
+    """A decoder's weights without the scene made into one with it (``scene="mean"``): W_ih (4H, E + Z) and L_z
+    (E, Z) gain ``feature_dim`` zero columns for ā, so the widened model computes exactly what the narrow one did.
+    ``weights``: a model's state dict (its decoder's keys under ``prefix``); a new dict, the other tensors shared."""
+    out = dict(weights)
+    for key in (f"{prefix}lstm.weight_ih", f"{prefix}out_z.weight"):
+        w = weights[key]
+        out[key] = torch.cat([w, w.new_zeros(w.shape[0], feature_dim)], dim=1)
+    return out
 
 
 def scheduled_input(decoder: nn.Module, reference: Tensor, previous: Tensor, sample_prob: float) -> Tensor:

@@ -10,6 +10,11 @@ from captioner.models.decoders.family import DecoderFamilyConfig
 
 # The beta gate of Sec. 4.2.1: one scalar per step (the paper), one per context channel, or none
 GATES = ("scalar", "vector", "none")
+# What the decoder reads beside the attended context at every step (show_attend_tell.py, "the scene"): nothing (the
+# paper), or the whole grid's mean, so that a sharp map does not starve the LSTM of the rest of the photo
+SCENES = ("none", "mean")
+# the reads whose memory holds one value vector per cell, which the scene can sit beside (not the multi-head read's)
+SCENE_READS = ("soft", "hard", "key_value")
 
 
 @dataclass
@@ -25,12 +30,19 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
     gate: str = "scalar"  # scalar (the paper's beta_t) | vector (per channel) | none
     dropout: float = 0.5  # on the deep output before L_o
     feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
+    scene: str = "none"  # none (the paper) | mean: the grid's mean beside the attended context at every step
 
     ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ("attention_dim", "scorer", "attention", "heads")
     SCHEDULED_SAMPLING: ClassVar[bool] = True
     POSITIVE: ClassVar[tuple[str, ...]] = ("embed_dim", "hidden_dim")
     UNIT_INTERVAL: ClassVar[tuple[str, ...]] = ("dropout", "feature_dropout")
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"gate": GATES}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"gate": GATES, "scene": SCENES}
+
+    def check(self, attention: Any) -> None:
+        super().check(attention)
+        if self.scene != "none" and attention.attention not in SCENE_READS:
+            raise ValueError(f"model.decoder.scene: {self.scene!r} sits beside a read of one value vector per cell "
+                             f"({', '.join(SCENE_READS)}), not model.attention.attention {attention.attention!r}")
 
     def compile_refusal(self, attention: Any) -> str:
         """Its compiled step (show_attend_tell_compiled.py) reads softly: hard attention's sampled reads stay eager."""
