@@ -29,6 +29,8 @@ from captioner.atomic import write_bytes_atomic
 from captioner.evaluation.metrics import as_numpy
 
 UPSAMPLING = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}  # torch interpolate modes
+# a word's map summing to less than this looked partly elsewhere (the visual sentinel's slot): its panel says how much
+LOOKED = 0.995
 
 
 def _check_inputs(words: Sequence[str], alphas: Any, grid_hw: tuple[int, int], chosen) -> np.ndarray:
@@ -166,6 +168,9 @@ def overlay_attention(
                                        linestyle="--"))
             share = inside(a[i], cell_shares(boxes[i], grid_hw))
             title = f"{word}\n{share:.2f} in box"
+        looked = float(a[i].sum())
+        if looked < LOOKED:  # a model with the visual sentinel: the rest of the word's weight went to it
+            title = f"{title}\n{looked:.2f} on the photo"
         ax.set_title(title)
         ax.axis("off")
     fig.tight_layout()

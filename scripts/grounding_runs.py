@@ -29,6 +29,18 @@ ROWS = ROOT / "docs" / "grounding" / "rows"
 ENTITIES = "data/flickr8k/flickr30k_entities"
 CAPTIONER = [sys.executable, "-m", "captioner"]
 SWEEP = (0.0, 0.3, 1.0, 3.0)
+# issue 71's probes: the shipped default trained on by its second SCST stage with the mass term, one change each
+PROBE_BUDGET_S = 1150
+PROBES = {
+    "probe_ft_w10": ["train.objective.grounding_weight=10"],
+    "probe_ft_w3": ["train.objective.grounding_weight=3"],
+    # the scene beside the read (model.decoder.scene: mean), its weights widened from the default's at zero
+    "probe_ft_w10_scene": ["train.objective.grounding_weight=10", "model.decoder.scene=mean"],
+    # the visual sentinel (model.decoder.sentinel), added to the default's weights close to what it computed
+    "probe_ft_w10_sentinel": ["train.objective.grounding_weight=10", "model.decoder.sentinel=true"],
+}
+RESULTS = ROOT / "docs" / "grounding" / "results"  # per-photo captions and box figures, beam 3 and beam 1
+DEFAULT_ROW = "shipped_soft"  # what a paired interval compares against
 
 
 def sweep_name(weight: float) -> str:
@@ -55,7 +67,9 @@ def steps() -> list[dict]:
     """Every step: a name, the training commands (none for a shipped model) and the model evaluated."""
     # shipped_hard's row (docs/grounding/rows/shipped_hard.json) is the flickr8k_hard shipped until 2026-12-05,
     # evaluated from its file then; the model shipped since is hard_pointing's, so no step evaluates the name again
-    out = [{"name": "shipped_soft", "train": [], "model": "flickr8k_soft"}]
+    out = [{"name": "shipped_soft", "train": [], "model": "flickr8k_soft"},
+           # the shipped model that points (issue 71 reads its words and maps beside the default's)
+           {"name": "shipped_grounded", "train": [], "model": "flickr8k_grounded"}]
     for w in SWEEP:
         run = f"runs/grounding/{sweep_name(w)}"
         out.append({"name": sweep_name(w), "model": f"{run}/best.pt", "train": [[
@@ -87,6 +101,12 @@ def steps() -> list[dict]:
                           for stage in ("", "_scst", "_scst_more")]})
     out.append({"name": "soft_pointing_finetune", "model": "runs/flickr8k_soft_pointing_finetune/averaged.pt",
                 "train": [["train", "--config", "configs/flickr8k_soft_pointing_finetune.yaml"]]})
+    # issue 71's probes: at most 20 minutes each (train.time_budget_s), the mean of the last 2 epochs
+    for name, sets in PROBES.items():
+        run = f"runs/grounding/{name}"
+        out.append({"name": name, "model": f"{run}/averaged.pt", "train": [[
+            "train", "--config", "configs/flickr8k_soft_pointing_finetune.yaml", "--set", f"train.run_dir={run}",
+            "--set", f"train.time_budget_s={PROBE_BUDGET_S}", *[a for s in sets for a in ("--set", s)]]]})
     out.append({"name": "hard_pointing", "model": "runs/flickr8k_hard_pointing_from_soft_scst_more/averaged.pt",
                 "train": [["train", "--config", f"configs/flickr8k_hard_pointing_from_soft{stage}.yaml"]
                           for stage in ("", "_scst", "_scst_more")]})
@@ -146,6 +166,70 @@ def _epoch_figures(command: list[str]) -> list[dict]:
     return [{k: e[k] for k in EPOCH_KEYS if k in e} for e in lines]
 
 
+def results_path(name: str, beam: int) -> Path:
+    return RESULTS / f"{name}.beam{beam}.json"
+
+
+def gvd_figures(result: dict) -> dict:
+    """The figures of one evaluation kept beside a row: scores, pointing and GVD's exact IoU figures."""
+    loc = result["boxes"].get("localization") or {}
+    g = result["boxes"]["generated"]
+    keep = ("accuracy", "f1_all", "f1_loc", "precision_all", "recall_all")
+
+    def pick(figures: dict) -> dict:
+        flat = {**figures.get("teacher_forced", {}), **figures.get("generated", {})}
+        return {k: flat.get(k) for k in keep}
+
+    return {"scores": result["scores"], "pointing": g["pointing"], "centre_pointing": g["centre_pointing"],
+            "inside": g["inside"], "word_classes": result["boxes"].get("word_classes"),
+            "vocabulary": loc.get("vocabulary"), "localization": pick(loc) if loc else None,
+            "baselines": {m: pick(b) for m, b in loc.get("baselines", {}).items()} if loc else None}
+
+
+def evaluate_with_results(name: str, model: str, beam: int, mirror: bool) -> tuple[dict, list[str], float]:
+    """``captioner evaluate`` of ``model`` on val with the boxes at ``beam``, its results file (per-photo captions and
+    box figures) written to docs/grounding/results/: (the summary, the command, its wall time)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    command = ["evaluate", "--checkpoint", model, "--split", "val", "--beam", str(beam),
+               *(["--mirror-check"] if mirror else []), "--entities", ENTITIES,
+               "--results-file", str(results_path(name, beam).relative_to(ROOT)), "--json"]
+    start = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] captioner {' '.join(command)}", flush=True)
+    done = subprocess.run(CAPTIONER + command, cwd=ROOT, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout), command, time.time() - start
+
+
+def add_gvd(name: str, model: str) -> None:
+    """Beside a finished row: GVD's exact figures at beam 3 and beam 1 (GVD decodes with beam 1), each with its
+    results file, and the paired intervals against the default (evaluation/paired.py). The row's own figures stay as
+    they were measured."""
+    row = _read(name)
+    if row is None or "gvd" in row:
+        return
+    gvd = {}
+    for beam in (3, 1):
+        result, command, wall = evaluate_with_results(name, model, beam, mirror=False)
+        gvd[f"beam{beam}"] = {**gvd_figures(result), "command": " ".join(["captioner", *command]),
+                              "wall_s": wall}
+    row["gvd"] = gvd
+    (ROWS / f"{name}.json").write_text(json.dumps(row, indent=1))
+
+
+def add_interval(name: str) -> None:
+    """The row's paired bootstrap intervals against the default (beam 3 results files): every metric."""
+    from captioner.evaluation.paired import compare_files
+
+    row = _read(name)
+    if row is None or name == DEFAULT_ROW or "vs_default" in row:
+        return
+    a, b = results_path(DEFAULT_ROW, 3), results_path(name, 3)
+    if not (a.is_file() and b.is_file()):
+        return
+    compared = compare_files(a, b, ROOT / "data/flickr8k/dataset_flickr8k.json", split="val", tokenizer="ptb")
+    row["vs_default"] = compared["metrics"]
+    (ROWS / f"{name}.json").write_text(json.dumps(row, indent=1))
+
+
 def train_and_evaluate(step: dict, log, rows: Path) -> dict:
     """Train ``step`` (each of its commands, resumed where interrupted), evaluate its model on val with the box
     and mirror figures, and write the row (figures, commands, wall times) to ``rows``/NAME.json."""
@@ -177,6 +261,11 @@ LABELS = {
     "hard_pointing": "hard from the pointing soft model, the shipped hard chain (LOO, SCST, SCST, averaged), mass term "
                      "(shipped as `flickr8k_hard` since 2026-12-05)",
     **{sweep_name(w): f"soft, XE 2 epochs, grounding_weight {w:g}" + (" (control)" if w == 0 else "") for w in SWEEP},
+    "shipped_grounded": "shipped `flickr8k_grounded` (soft: the shipped recipe with Liu et al.'s term, int8)",
+    "probe_ft_w10": "probe: the default then 2 SCST epochs (as its second stage) with the mass term at weight 10",
+    "probe_ft_w3": "probe: the default then 2 SCST epochs with the mass term at weight 3",
+    "probe_ft_w10_scene": "probe: as at weight 10, with the scene beside the read (`model.decoder.scene: mean`)",
+    "probe_ft_w10_sentinel": "probe: as at weight 10, with the visual sentinel (`model.decoder.sentinel: true`)",
 }
 TABLE_START, TABLE_END = "<!-- grounding-table:start -->", "<!-- grounding-table:end -->"
 
@@ -201,8 +290,10 @@ def iou_figures(r: dict) -> str:
         mark = "-" if model is None else f"{pct(model)} %"
         return f"{mark} ({pct(base['whole_photo'][key])} / {pct(base['centre_cell'][key])} %)"
 
+    # rows evaluated before issue 71 hold the project's earlier variant (no "vocabulary" key): marked, see the note
+    mark = "" if "vocabulary" in loc else " †"
     return (f"{fig(loc['teacher_forced']['accuracy'], 'accuracy')} / {fig(loc['generated']['f1_all'], 'f1_all')} / "
-            f"{fig(loc['generated']['f1_loc'], 'f1_loc')}")
+            f"{fig(loc['generated']['f1_loc'], 'f1_loc')}{mark}")
 
 
 def movement(r: dict) -> str:
@@ -256,13 +347,110 @@ def replace_between(doc: Path, start_marker: str, end_marker: str, body: str) ->
     doc.write_text(text[:start] + "\n" + body + "\n" + text[end:])
 
 
+# issue 71's table: the default, the model that points, and every candidate, with the rule that decides
+PROBE_TABLE_START, PROBE_TABLE_END = "<!-- probe-table:start -->", "<!-- probe-table:end -->"
+PROBE_ROWS = ("shipped_soft", "shipped_grounded", "soft_pointing_scst_more", "soft_pointing_finetune", "probe_ft_w3",
+              "probe_ft_w10", "probe_ft_w10_scene", "probe_ft_w10_sentinel")
+# The rule, fixed before any of issue 71's runs (its point 3): pointing at least 12 points above the centre cell,
+# alpha inside at least 0.70, at most 1.0 CIDEr-D and 0.3 METEOR below the current default
+RULE_MARGIN, RULE_INSIDE, RULE_CIDER, RULE_METEOR = 12.0, 0.70, 1.0, 0.3
+
+
+def rule_verdict(row: dict, default: dict) -> str:
+    """'qualifies', or each figure that misses and by how much."""
+    g, s, d = row["boxes"]["generated"], row["scores"], default["scores"]
+    margin = 100 * (g["pointing"] - g["centre_pointing"])
+    misses = []
+    if margin < RULE_MARGIN:
+        misses.append(f"pointing {margin:+.1f} (needs +{RULE_MARGIN:g}: {RULE_MARGIN - margin:.1f} short)")
+    if g["inside"] < RULE_INSIDE:
+        misses.append(f"inside {g['inside']:.3f} (needs {RULE_INSIDE:.2f}: {RULE_INSIDE - g['inside']:.3f} short)")
+    if s["CIDEr-D"] < d["CIDEr-D"] - RULE_CIDER:
+        misses.append(f"CIDEr-D {s['CIDEr-D'] - d['CIDEr-D']:+.2f} (at most -{RULE_CIDER:g})")
+    if s["METEOR"] < d["METEOR"] - RULE_METEOR:
+        misses.append(f"METEOR {s['METEOR'] - d['METEOR']:+.2f} (at most -{RULE_METEOR:g})")
+    return "qualifies" if not misses else "misses: " + "; ".join(misses)
+
+
+def _classes(row: dict, key: str, spec: str) -> str:
+    """object · scene · other of the row's word-class figures (beam 3), '-' where not measured."""
+    classes = row.get("gvd", {}).get("beam3", {}).get("word_classes")
+    if not classes:
+        return "-"
+    names = ("object", "scene") if key == "recall" else ("object", "scene", "other")
+    return " · ".join("-" if classes[c].get(key) is None else format(classes[c][key], spec) for c in names)
+
+
+def _gvd(row: dict, beam: int) -> str:
+    """GVD's F1_all / F1_loc (%) at ``beam``, beside the whole photo's and the centre cell's F1_all."""
+    figures = row.get("gvd", {}).get(f"beam{beam}")
+    if not figures or not figures.get("localization"):
+        return "-"
+    loc, base = figures["localization"], figures["baselines"]
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    return (f"{pct(loc['f1_all'])} / {pct(loc['f1_loc'])} ({pct(base['whole_photo']['f1_all'])} / "
+            f"{pct(base['centre_cell']['f1_all'])})")
+
+
+def _interval(row: dict, metric: str, digits: int = 2) -> str:
+    from captioner.evaluation.paired import interval_text
+
+    m = row.get("vs_default", {}).get(metric)
+    return "-" if m is None else interval_text(m, digits)
+
+
+def format_probes(rows: dict[str, dict]) -> str:
+    """Issue 71's table: scores, the paired interval against the default, pointing over the centre cell and alpha
+    inside, the words by class (per caption, consensus recall, alpha entropy), GVD's figures at beam 1 and 3, and
+    the rule's verdict, for each row of PROBE_ROWS that is done."""
+    default = rows.get(DEFAULT_ROW)
+    lines = ["| model | BLEU-4 / METEOR / CIDEr-D | CIDEr-D − default, paired 95 % | pointing − centre (pointing, "
+             "centre) [paired 95 % vs default] | α inside | words per caption: object · scene · other | consensus "
+             "recall: object · scene | α entropy: object · scene · other | GVD F1_all / F1_loc, beam 1 (whole "
+             "photo / centre F1_all) | the same, beam 3 | the rule | train |",
+             "|---" * 12 + "|"]
+    for name in PROBE_ROWS:
+        r = rows.get(name)
+        if r is None or default is None:
+            continue
+        g, s = r["boxes"]["generated"], r["scores"]
+        margin = 100 * (g["pointing"] - g["centre_pointing"])
+        lines.append(
+            f"| {LABELS[name]} | {s['BLEU-4']:.1f} / {s['METEOR']:.1f} / {s['CIDEr-D']:.2f} | "
+            f"{_interval(r, 'CIDEr-D') if name != DEFAULT_ROW else 'the default'} | "
+            f"{margin:+.1f} ({100 * g['pointing']:.1f}, {100 * g['centre_pointing']:.1f} %) "
+            f"[{_interval(r, 'pointing - centre', 1)}] | {g['inside']:.3f} | "
+            f"{_classes(r, 'words_per_caption', '.2f')} | "
+            f"{_classes(r, 'recall', '.3f')} | {_classes(r, 'entropy', '.3f')} | {_gvd(r, 1)} | {_gvd(r, 3)} | "
+            f"{rule_verdict(r, default) if name != DEFAULT_ROW else '-'} | "
+            f"{minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} |")
+    lines += ["", "Commands (and each row's beam-3 and beam-1 evaluations with their results files):", ""]
+    for name in PROBE_ROWS:
+        r = rows.get(name)
+        if r is None:
+            continue
+        extra = [v["command"] for v in r.get("gvd", {}).values()]
+        lines.append(f"- {LABELS[name]}: " + "; ".join(f"`{c}`" for c in r["train_commands"] + [r["evaluate_command"]]
+                                                         + extra))
+    return "\n".join(lines)
+
+
 def write_report(doc: Path = ROOT / "docs" / "grounding.md") -> None:
     replace_between(doc, TABLE_START, TABLE_END, format_report())
+    text = doc.read_text()
+    if PROBE_TABLE_START in text:
+        replace_between(doc, PROBE_TABLE_START, PROBE_TABLE_END,
+                        format_probes({name: r for name in PROBE_ROWS if (r := _read(name)) is not None}))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("run", "list", "report"))
+    parser.add_argument("phase", choices=("run", "gvd", "list", "report"),
+                        help="gvd: GVD's figures at beam 3 and 1 with results files, and the paired intervals against "
+                             "the default, for finished rows whose model is here (a shipped name, or its run)")
     parser.add_argument("--only", nargs="+", default=None, help="step names")
     parser.add_argument("--log", default="runs/grounding/train.log", help="where the training output goes")
     args = parser.parse_args(argv)
@@ -272,6 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "list":
         for step in steps():
             print(f"{step['name']:<22} {'done' if _read(step['name']) else 'to do'}")
+        return 0
+    if args.phase == "gvd":
+        chosen = [step for step in steps() if args.only is None or step["name"] in args.only]
+        chosen.sort(key=lambda step: step["name"] != DEFAULT_ROW)  # the default first: the others compare to it
+        for step in chosen:
+            if step["model"].startswith("runs/") and not (ROOT / step["model"]).is_file():
+                print(f"{step['name']}: {step['model']} is not here, skipped", flush=True)
+                continue
+            add_gvd(step["name"], step["model"])
+            add_interval(step["name"])
         return 0
     (ROOT / args.log).parent.mkdir(parents=True, exist_ok=True)
     with open(ROOT / args.log, "a") as log:

@@ -41,6 +41,8 @@ INIT_MAY_DIFFER = (("data", "entities"), ("model", "attention", "attention"), ("
 
 # the decoder's scene (show_attend_tell.py): a model without it may start one with it, its new weights zero
 SCENE_PATH = ("model", "decoder", "scene")
+# the visual sentinel (show_attend_tell.py): a model without it may start one with it (with_sentinel)
+SENTINEL_PATH = ("model", "decoder", "sentinel")
 
 
 def _scene_widened(weights: dict, saved_config: dict, cfg: Config, change: str) -> dict:
@@ -121,13 +123,21 @@ def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     changed = require_same_sections(payload["config"], cfg, f"train.init={cfg.train.init}",
                                      "start from a run trained with the same data and model settings (only "
                                      "data.entities, model.attention.attention, the decoder's dropout rates, "
-                                     "the encoder's finetune_blocks / update_bn_stats and model.decoder.scene "
-                                     "none -> mean may differ)",
-                                     may_differ=INIT_MAY_DIFFER + (SCENE_PATH,))
+                                     "the encoder's finetune_blocks / update_bn_stats, model.decoder.scene "
+                                     "none -> mean and model.decoder.sentinel false -> true may differ)",
+                                     may_differ=INIT_MAY_DIFFER + (SCENE_PATH, SENTINEL_PATH))
     weights = payload["model"]
     scene_change = next((c for c in changed if c.startswith(".".join(SCENE_PATH) + ":")), None)
     if scene_change is not None:
         weights = _scene_widened(weights, payload["config"], cfg, scene_change)
+    sentinel_change = next((c for c in changed if c.startswith(".".join(SENTINEL_PATH) + ":")), None)
+    if sentinel_change is not None:
+        from captioner.models.decoders.show_attend_tell import with_sentinel
+
+        if not cfg.model.decoder.sentinel:
+            raise ConfigError(f"train.init={cfg.train.init}: {sentinel_change}; only a model without the sentinel may "
+                              f"start one with it")
+        weights = with_sentinel(weights, model.state_dict())
     load_weights(model, weights, cfg.train.init, folder=payload.get("folder"))  # a folder: its config.json
     log.info("initialised from %s (epoch %s)%s", cfg.train.init, payload.get("epoch"),
              "".join(f"; {c} (the same weights, read the new way)" for c in changed))

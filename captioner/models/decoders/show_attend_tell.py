@@ -16,6 +16,19 @@ fast path, the compiled step, beam search's grouped memory) carries it without a
 new columns of W_ih and L_z; ``widen_for_scene`` sets them to zero, so a model without the scene starts one with
 it computing exactly what it computed.
 
+The visual sentinel (``sentinel=True``; Lu et al., CVPR 2017, "Knowing When to Look", Eq. (9)-(12)): a learned
+non-visual slot beside the L cells, so that a word that names nothing need not look at the photo.
+
+    g_t = sigmoid(W_g [E y_{t-1}; h_{t-1}]),  s_t = g_t * tanh(c_{t-1})     the sentinel, from the LSTM's memory
+    [alpha_t; beta_t] = softmax([f_att(a_i, h_{t-1}); f_att(W_k s_t, h_{t-1}) + b])       L + 1 slots
+    z_t = sum_i alpha_t,i a_i + beta_t W_v s_t
+
+Lu et al. attend after the LSTM step with h_t and its cell m_t; here attention precedes the step (as the paper's),
+so the sentinel reads the memory the step starts from, c_{t-1}. The map a word shows (its ``alpha``, (L,)) is the
+cells' part, which sums to 1 - beta_t: how much the word looked at the photo. Supervised attention
+(train.objective.grounding_weight) reads that map, so it asks the boxed words, and only those, to look. Soft reads
+only; the fast path runs this reference code for it (FastShowAttendTellDecoder).
+
 This module is the reference: the equations one step at a time over the whole padded batch. What training
 and decoding run by default is its fast path, ``FastShowAttendTellDecoder`` (show_attend_tell_fast.py): the
 same parameters and state_dict, the same results to float rounding, several times faster. The reference
@@ -57,12 +70,14 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
         pad_id: id of <pad> (its embedding stays zero).
         scene: "none" (the paper) or "mean": the grid's mean beside the attended context at every step (the
             module docstring).
+        sentinel: the visual sentinel, a non-visual slot beside the cells (the module docstring; soft reads only).
     """
 
     def __init__(self, vocab_size: int, feature_dim: int, embed_dim: int = 512,
                  hidden_dim: int = 512, attention_dim: int = 512, scorer: str = "additive",
                  attention: str = "soft", heads: int = 1, gate: str = "scalar",
-                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0, scene: str = "none") -> None:
+                 dropout: float = 0.5, pad_id: int = 0, feature_dropout: float = 0.0, scene: str = "none",
+                 sentinel: bool = False) -> None:
         super().__init__()
         if gate not in GATES:
             raise ValueError(f"model.decoder.gate: {gate!r} is not one of {', '.join(GATES)}")
@@ -90,6 +105,9 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
         self.dropout = nn.Dropout(dropout)
         self.feature_dropout = nn.Dropout(feature_dropout)
         self.out = nn.Linear(embed_dim, vocab_size)  # L_o
+        if sentinel and (attention != "soft" or scene != "none"):
+            raise ValueError("model.decoder.sentinel: a slot of the soft read's distribution, without the scene")
+        self.sentinel = Sentinel(embed_dim, hidden_dim, feature_dim) if sentinel else None
 
     def init_state(self, grid: Tensor) -> State:
         """(h_0, c_0, *attention memory) for grid (B, L, D): §3.1.2, and the keys projected once per image."""
@@ -100,13 +118,21 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
             memory = (torch.cat([values, mean.unsqueeze(1).expand(-1, values.shape[1], -1)], dim=2), *rest)
         return (self.init_h(mean), self.init_c(mean), *memory)
 
+    @property
+    def one_cell(self) -> bool:
+        """With the sentinel no cell-only read exists (the sentinel is no cell): soft reads only."""
+        return self.sentinel is None and super().one_cell
+
     def recur(self, emb: Tensor, state: State, mode: str, expectation_mask: Tensor | None = None,
               temperature: float = 1.0) -> tuple[State, Tensor, AttentionOutput]:
         """One step of Eq. (1)-(6) for word embeddings emb (N, E) = E y_{t-1}. Returns (new state, beta_t z_t, read).
         ``temperature``: τ of the "gumbel" read (no other mode reads it)."""
         h, c, *memory = state
-        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
-                              temperature=temperature)
+        if self.sentinel is not None:
+            read = self.sentinel.read(self.attention.scorer, emb, h, c, memory)
+        else:
+            read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
+                                  temperature=temperature)
         z = read.context  # (N, Z): z_t, Eq. (6) (soft) or (8) (hard)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z  # beta_t z_t, §4.2.1
@@ -147,6 +173,45 @@ class ShowAttendTellDecoder(GridAttentionDecoder):
             features=torch.stack(features, dim=1), alphas=by_step([r.alpha for r in reads]), mask=mask,
             out=self.out, log_probs=by_step([r.log_prob for r in reads]),
             entropies=by_step([r.entropy for r in reads]))
+
+
+class Sentinel(nn.Module):
+    """The visual sentinel's weights and its read (the module docstring): W_g (the sentinel gate), W_k (its key, in
+    the grid's space, scored by the read's own scorer), W_v (its value) and b (its score's offset)."""
+
+    def __init__(self, embed_dim: int, hidden_dim: int, feature_dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(embed_dim + hidden_dim, hidden_dim)
+        self.key = nn.Linear(hidden_dim, feature_dim)
+        self.value = nn.Linear(hidden_dim, feature_dim)
+        self.offset = nn.Parameter(torch.zeros(()))
+
+    def read(self, scorer: nn.Module, emb: Tensor, h: Tensor, c: Tensor, memory: list[Tensor]) -> AttentionOutput:
+        """The soft read over L cells and the sentinel for N rows (one memory row per query row): alpha (N, L), the
+        cells' part, sums to 1 - beta."""
+        values, prepared = memory  # (N, L, D), (N, L, *)
+        s = torch.sigmoid(self.gate(torch.cat([emb, h], dim=1))) * torch.tanh(c)  # (N, H): s_t
+        cells = scorer(h, prepared)  # (N, L)
+        own = scorer(h, scorer.prepare(self.key(s).unsqueeze(1))) + self.offset  # (N, 1)
+        both = torch.softmax(torch.cat([cells, own], dim=1), dim=1)  # (N, L + 1)
+        alpha, beta = both[:, :-1], both[:, -1:]  # (N, L), (N, 1)
+        context = torch.bmm(alpha.unsqueeze(1), values).squeeze(1) + beta * self.value(s)  # (N, D)
+        entropy = -(both * torch.log(both.clamp(min=torch.finfo(both.dtype).tiny))).sum(1)  # (N,)
+        return AttentionOutput(context, alpha, None, entropy, None)
+
+
+def with_sentinel(weights: dict[str, Tensor], fresh: dict[str, Tensor], prefix: str = "decoder.") -> dict[str, Tensor]:
+    """A decoder's weights without the sentinel made into one with it: the sentinel's gate and key as ``fresh``
+    (a newly built model's state dict) has them, its value zero and its offset -2, so the model starts close to what
+    it computed (the cells keep all but the sentinel's small share, and the sentinel adds nothing)."""
+    out = dict(weights)
+    for key, value in fresh.items():
+        if key.startswith(f"{prefix}sentinel."):
+            out[key] = value.clone()
+    out[f"{prefix}sentinel.value.weight"].zero_()
+    out[f"{prefix}sentinel.value.bias"].zero_()
+    out[f"{prefix}sentinel.offset"].fill_(-2.0)
+    return out
 
 
 def widen_for_scene(weights: dict[str, Tensor], feature_dim: int, prefix: str = "decoder.") -> dict[str, Tensor]:

@@ -31,6 +31,7 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
     dropout: float = 0.5  # on the deep output before L_o
     feature_dropout: float = 0.0  # on the annotation vectors while training (not in the paper)
     scene: str = "none"  # none (the paper) | mean: the grid's mean beside the attended context at every step
+    sentinel: bool = False  # a learned non-visual slot beside the cells (Lu et al. 2017): soft reads only
 
     ATTENTION_KEYS: ClassVar[tuple[str, ...]] = ("attention_dim", "scorer", "attention", "heads")
     SCHEDULED_SAMPLING: ClassVar[bool] = True
@@ -43,9 +44,17 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
         if self.scene != "none" and attention.attention not in SCENE_READS:
             raise ValueError(f"model.decoder.scene: {self.scene!r} sits beside a read of one value vector per cell "
                              f"({', '.join(SCENE_READS)}), not model.attention.attention {attention.attention!r}")
+        if self.sentinel and attention.attention != "soft":
+            raise ValueError(f"model.decoder.sentinel: the sentinel is a slot of the soft read's distribution, not of "
+                             f"model.attention.attention {attention.attention!r}")
+        if self.sentinel and self.scene != "none":
+            raise ValueError("model.decoder.sentinel: not with model.decoder.scene (the sentinel's value has no scene "
+                             "half); choose one")
 
     def compile_refusal(self, attention: Any) -> str:
         """Its compiled step (show_attend_tell_compiled.py) reads softly: hard attention's sampled reads stay eager."""
         if attention.attention == "hard":
             return "hard attention samples where it reads; only soft reads are compiled"
+        if self.sentinel:
+            return "the sentinel's read runs the reference step, which is not compiled"
         return ""

@@ -18,7 +18,8 @@ multiplies by cached column-major or MKL-packed weights (fast/inference_cache.py
 LSTM cell as one fused C kernel (captioner/fast/kernels), hands the search its raw logits with L_o's bias apart
 (search.Logits), and beam search may read projected values (expand_state).
 
-Every public method runs the reference's code instead under the reference switch (captioner/fast);
+Every public method runs the reference's code instead under the reference switch (captioner/fast), and with the
+visual sentinel (``sentinel=True``, whose read only the reference has);
 tests/test_fast_paths.py compares the two (losses, every parameter's gradient, decoded captions).
 
 Compiled (``compile_steps``, ``train.compile``): teacher forcing and decoding read softly run one step of the
@@ -103,6 +104,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             return
         if self.stochastic:
             raise ValueError(f"{setting}={mode}: hard attention samples where it reads; only soft reads are compiled")
+        if self.sentinel is not None:
+            raise ValueError(f"{setting}={mode}: the sentinel's read runs the reference step, which is not compiled")
         device = self.embedding.weight.device
         if mode == "cudagraphs" and device.type != "cuda":
             raise ValueError(f"{setting}=cudagraphs: CUDA graphs need a CUDA device, the decoder is on {device}; "
@@ -133,7 +136,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
         beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step_with_location() reads it the same way.
         """
-        if not fast.enabled():
+        if not fast.enabled() or self.sentinel is not None:  # the sentinel's read is the reference's
             return super().expand_state(state, beams)
         if self._compiled is not None:  # raw values: the compiled step reads the plain state
             return self._compiled.expand(state, beams)
@@ -266,7 +269,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length. Scheduled
         sampling (``sample_prob`` > 0) runs the plain step-by-step forward: its input words are known only one
         step at a time (docs/training-options.md measures what that costs)."""
-        if not fast.enabled() or sample_prob:
+        if not fast.enabled() or sample_prob or self.sentinel is not None:
             return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows,
                                    temperature, sample_prob)
         if (self._compiled is not None and attention_mode == "expectation" and expectation_mask is None
@@ -328,7 +331,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                generator: torch.Generator | None = None, temperature: float = 1.0) -> SampleOutput:
         """contract.CaptionDecoder.sample, with one set of step weights for the whole sequence (deferred
         gradients) and, without autograd, projected values (expand_state)."""
-        if not fast.enabled():
+        if not fast.enabled() or self.sentinel is not None:
             return super().sample(grid, samples, start_id, end_id, max_length, attention_mode, forbid_ids, greedy,
                                   generator, temperature)
         mode = self._sample_mode(attention_mode)
@@ -350,7 +353,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                            dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
         """contract.CaptionDecoder.step_with_location; without autograd a step gathers its word gates from a table
         and hands the search L_o's bias apart (search.Logits adds it as it reads the words)."""
-        if not fast.enabled():
+        if not fast.enabled() or self.sentinel is not None:
             return super().step_with_location(tokens, state, attention_mode, dense)
         if self._compiled is not None and attention_mode == "expectation" and not torch.is_grad_enabled():
             return self._compiled.step(self, tokens, state, dense)
