@@ -19,6 +19,12 @@ The caption the README quotes for its photograph must be the one the shipped mod
 Beyond the README: every `--flag` written after `captioner COMMAND` in a docs page or a config header must
 be an option of that command, and every local link of the README and docs/ must lead to a file (and
 heading) that exists.
+
+The front door itself (issue 72): at most 150 lines, none wider than the page but tables and lone links; its sections
+in a newcomer's order (set-up, captioning, your own photos, rebuilding a shipped model, results); how to reach the
+installed command (`source .venv/bin/activate` or `.venv/bin/captioner`) before the first bare `captioner`; the
+shipped config for your own photos loads with its small-data defaults; and the results table is the one
+scripts/readme_table.py makes from the records, not figures typed by hand.
 """
 
 from __future__ import annotations
@@ -28,14 +34,19 @@ import contextlib
 import functools
 import importlib
 import io
+import json
 import re
 import shlex
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # a script: it writes the README's table
+import readme_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -44,7 +55,10 @@ ABSENT_IN_A_CLONE = ("data", "runs")
 # Argument destinations that name files or folders a command reads (checked), and ones it writes (noted).
 READS = ("images", "checkpoint", "init", "resume", "results", "references", "data_root", "scores", "instances")
 WRITES = ("attention_out", "out", "results_file")
-MAX_LINES = 250  # issue 28: the README is a front door, its history lives in docs/
+MAX_LINES = 150  # issue 72: the README is a front door for who has just cloned; history and tables live in docs/
+MAX_WIDTH = 120  # characters a line of prose or code may take (a table row or a lone link may be longer)
+SECTIONS = ("Set-up", "Caption your photos", "Train on your own photos and captions", "Rebuild a shipped model",
+            "Results")  # issue 72's order: what a newcomer does first comes first
 
 
 @dataclass
@@ -211,12 +225,20 @@ def makefile_targets() -> set[str]:
     return set(re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", (ROOT / "Makefile").read_text(), re.M))
 
 
+def makefile_venv() -> str:
+    """The folder `make demo` and `make test` install into (the Makefile's VENV)."""
+    return re.search(r"^VENV\s*:?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+
+
 def check_command(argv: list[str], cwd: Path, files: bool = True) -> list[str]:
     """Problems with one README shell command run from ``cwd`` (any program the README uses); ``files``: as
     for check_captioner."""
     program, args = argv[0], argv[1:]
-    if program == "captioner":
+    if program in ("captioner", f"{makefile_venv()}/bin/captioner"):  # the console script, or its path in .venv
         return check_captioner(args, cwd, files)[0]
+    if program in ("source", "."):
+        activate = f"{makefile_venv()}/bin/activate"
+        return [] if args == [activate] else [f"{program}: only `{program} {activate}` (what make creates) is known"]
     if program == "torchrun":
         if "-m" in args and args[args.index("-m") + 1:args.index("-m") + 2] == ["captioner"]:
             return check_captioner(args[args.index("-m") + 2:], cwd, files)[0]
@@ -326,6 +348,8 @@ def readme_items() -> list[Command | PythonBlock]:
     ("pip install -e '.[gpu]'", "gpu"),
     ("python scripts/no_such_script.py", "no_such_script.py"),
     ("curl https://example.com/weights.pt", "curl"),
+    ("source venv/bin/activate", ".venv/bin/activate"),
+    (".venv/bin/captioner caption --beem 3", "--beem"),
 ])
 def test_the_checker_catches_a_broken_command(line, complaint, clone):
     (argv,) = [argv for _, argv in shell_lines(line)]
@@ -341,6 +365,8 @@ def test_the_checker_catches_a_broken_command(line, complaint, clone):
     "captioner caption docs/photos/astronaut_attention.png --checkpoint flickr8k_soft",
     "make demo test",
     "pip install -e '.[serve]'",
+    "source .venv/bin/activate",
+    ".venv/bin/captioner config show my_photos",
 ])
 def test_the_checker_accepts_a_good_command(line, clone):
     (argv,) = [argv for _, argv in shell_lines(line)]
@@ -367,13 +393,97 @@ def test_the_reader_finds_fenced_and_inline_commands_in_order():
 
 
 def test_readme_is_a_front_door():
-    lines = README.read_text().count("\n")
+    text = README.read_text()
+    lines = text.count("\n")
     assert lines <= MAX_LINES, f"README.md has {lines} lines; history and details belong in docs/ (at most {MAX_LINES})"
+    wide = [f"README.md:{n}: {len(line)} characters" for n, line in enumerate(text.splitlines(), start=1)
+            if len(line) > MAX_WIDTH and not line.startswith(("|", "![", "<!--"))]
+    assert not wide, "lines wider than the page (tables and lone links aside): " + "; ".join(wide)
+
+
+def test_readme_sections_come_in_the_order_a_newcomer_needs_them():
+    headings = re.findall(r"^## (.+)$", FENCE.sub("", README.read_text()), re.M)
+    assert [h for h in headings if h in SECTIONS] == list(SECTIONS), headings
 
 
 def test_readme_has_the_two_setup_commands(readme_items):
     fenced = [item.argv for item in readme_items if isinstance(item, Command) and item.fenced]
     assert ["make", "demo"] in fenced and ["make", "test"] in fenced
+
+
+def test_readme_says_how_to_reach_the_installed_command(readme_items):
+    """make installs `captioner` into .venv, and every later command calls a bare `captioner`: the set-up section
+    says how to reach it (activate the venv, or call it by its path), before the first bare `captioner`."""
+    venv = makefile_venv()
+    commands = [item for item in readme_items if isinstance(item, Command) and item.fenced]
+    where = {" ".join(c.argv[:2]): i for i, c in reversed(list(enumerate(commands)))}
+    assert f"source {venv}/bin/activate" in where, "the README does not say `source .venv/bin/activate`"
+    path_call = next((i for i, c in enumerate(commands) if c.argv[0] == f"{venv}/bin/captioner"), None)
+    assert path_call is not None, f"the README does not show `{venv}/bin/captioner`"
+    first_bare = next(i for i, c in enumerate(commands) if c.argv[0] == "captioner")
+    assert max(where[f"source {venv}/bin/activate"], path_call) < first_bare
+
+
+def test_the_own_photos_config_ships_with_small_data_defaults(readme_items, tmp_path):
+    """configs/my_photos.yaml is the README's way to train on your own photos (issue 72: no longer a Flickr8k config
+    with four --sets that silently kept min_count 5, 8 epochs and an hour): it loads by name, with the defaults
+    chosen for a few hundred to a few thousand photos, and its data section reads a captions folder."""
+    from captioner.config import load_config, shipped_configs, validate
+    from captioner.data.datasets import load_records
+
+    assert "my_photos" in shipped_configs()
+    cfg = load_config("my_photos")
+    validate(cfg)
+    assert (cfg.data.format, cfg.data.root, cfg.data.captions) == ("captions", "data/my_photos", "")
+    assert cfg.data.min_count == 2 and (cfg.data.val_share, cfg.data.test_share) == (0.1, 0.1)
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.train.patience, cfg.train.time_budget_s) == (30, 32, 6, 0)
+    assert cfg.train.patience < cfg.train.epochs  # patience can end the run: the base's 12 never ends its 8 epochs
+    assert cfg.train.run_dir == "runs/my_photos" and cfg.model.decoder.feature_dropout == 0.5  # the recipe's model
+    fenced = [item.argv for item in readme_items if isinstance(item, Command) and item.fenced]
+    assert ["captioner", "train", "--config", "my_photos"] in fenced
+    # the README's layout, with the captions file found in the folder (data.captions: "")
+    from PIL import Image
+
+    folder = tmp_path / "my_photos"
+    (folder / "beach").mkdir(parents=True)
+    rows = ["image,caption"]
+    for i in range(10):
+        Image.new("RGB", (32, 24), (25 * i, 0, 0)).save(folder / "beach" / f"{i:02d}.jpg")
+        rows += [f"beach/{i:02d}.jpg,A red photo number {i}.", f"beach/{i:02d}.jpg,Another caption {i}."]
+    (folder / "captions.csv").write_text("\n".join(rows) + "\n")
+    data = load_config("my_photos", [f"data.root={folder}"]).data
+    sizes = {split: len(load_records(data, split)) for split in ("train", "val", "test")}
+    assert sizes == {"train": 8, "val": 1, "test": 1}
+
+
+def test_the_results_table_is_the_one_its_records_give():
+    """The README's numbers are not typed: the table between its markers is scripts/readme_table.py's, made from the
+    shipped models' records (their config.json) and the anchors' (docs/results/anchors.json); a figure that drifts
+    from its record fails here. At most 8 rows and 8 columns: the full tables live in docs/."""
+    import copy
+
+    table = readme_table.format_table(readme_table.read_records())
+    assert readme_table.readme_table(README.read_text()) == table, (
+        "README.md's results table is not the records': run python scripts/readme_table.py")
+    rows = table.splitlines()[2:]
+    assert 0 < len(rows) <= 8 and all(row.count("|") - 1 <= 8 for row in table.splitlines())
+    records = readme_table.read_records()
+    for name in readme_table.SHIPPED:  # each shipped model's row shows its own record's figures
+        row = next(r for r in rows if f"`{name}`" in r)
+        assert f"| {records[name]['scores']['CIDEr-D']:.1f} |" in row and f"| {records[name]['split']}" in row
+    drifted = copy.deepcopy(records)
+    drifted["flickr8k_soft"]["scores"]["CIDEr-D"] += 0.1
+    assert readme_table.format_table(drifted) != table  # the comparison above can fail
+
+
+def test_the_anchor_figures_are_the_ones_the_docs_quote():
+    """docs/results/anchors.json holds the paper's and the PyTorch port's figures, which docs/results.md quotes."""
+    anchors = json.loads(readme_table.ANCHORS.read_text())
+    results = (ROOT / "docs" / "results.md").read_text()
+    for name, record in anchors.items():
+        assert record["source"] and record["split"] == "test", name
+        for metric in ("BLEU-4", "METEOR"):
+            assert str(record["scores"][metric]) in results, f"{name}: {metric} {record['scores'][metric]}"
 
 
 def test_every_readme_command_parses(readme_items, clone):
@@ -458,6 +568,8 @@ def test_the_cheap_readme_commands_run_as_written(readme_items, clone, monkeypat
             ran += 1
             continue
         argv = item.argv[2:] if item.argv[:3] == ["python", "-m", "captioner"] else item.argv
+        if argv[0] == f"{makefile_venv()}/bin/captioner":
+            argv = ["captioner", *argv[1:]]  # the same console script, reached by its path
         if argv[0] == "python" and argv[1:2] == ["-c"]:
             exec(compile(argv[2], item.where, "exec"), {"__name__": "__readme__"})
             ran += 1

@@ -7,7 +7,8 @@ optional --time-budget caps it, and the summary says when it ended a run early),
 evaluates it on the test split (caption metrics and attention grounding), captions a few test images and
 writes their attention overlays, then prints where everything is. A second run reuses the data, the cache
 and a finished training run. The photographs are captioner/demo.py's; training is training/loop.py's, the
-evaluation evaluation/split.py's.
+evaluation evaluation/split.py's. Before anything runs it prints its plan: each part and about how long it
+takes (``plan``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,23 @@ from typing import Sequence
 
 from captioner.atomic import write_bytes_atomic, write_text_atomic
 from captioner.commands.arguments import float_at_least, int_at_least
-from captioner.config import CONFIG_DIR, add_config_arguments, load_config
+from captioner.config import CONFIG_DIR, Config, add_config_arguments, load_config
 from captioner.demo import PHOTOS, sample_photo
 from captioner.store.rundir import RunDir
 
 DEFAULT_CONFIG = CONFIG_DIR / "shapes.yaml"  # shipped with the package
+
+# About how long the parts take on 2 idle CPU cores, as the docs measure (with a busy loop on one of them the whole
+# demo took 18 min 18 s, about twice as long: docs/robustness.md). docs/results.md's shapes row (2026-12-01): the
+# shipped shapes config's 12 epochs of 3,000 training images in 7 min 12 s, validation included, and its 3,400 images
+# drawn and their grids extracted in 2 min 9 s more (9 min 21 s in all). The five photographs: 19 s with the model's
+# loading (2026-12-06, on a busy machine). Evaluation and the test images' overlays are not timed apart: estimated as
+# the 200 test images read and encoded at the extraction's 52 images/s, decoded and scored (the smoke config's 6:
+# under 2 s), and METEOR's Java on top.
+EPOCH_S_PER_TRAINING_IMAGE = 432 / (12 * 3000)
+MAKING_S_PER_IMAGE = 129 / 3400
+PHOTOS_S = 20.0
+EVALUATION_S_PER_IMAGE, METEOR_S, TEST_CAPTIONS_S = 15.0 / 200, 15.0, 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,6 +110,51 @@ def stopped_early(run_dir: RunDir, epochs: int) -> str | None:
     return f"stopped after epoch {done} of {epochs}: {hint}; the scores are those of a shorter run"
 
 
+def _about(seconds: float) -> str:
+    """"~20 s", "~2 min": a rough duration, rounded as roughly as it is known."""
+    if seconds < 90:
+        return f"~{max(5, 5 * round(seconds / 5))} s"
+    return f"~{round(seconds / 60)} min"
+
+
+def plan(cfg: Config, photos: bool, reuse: bool, meteor: bool, n_captions: int) -> list[str]:
+    """What the demo will do, a line per part with about how long it takes (the constants above), then the total.
+    ``reuse``: a finished run is there and will not be trained again."""
+    parts: list[tuple[str, float | None]] = []
+    if photos:
+        parts.append((f"[0/4] caption {len(PHOTOS)} photographs with the shipped model, with overlays", PHOTOS_S))
+    epochs = cfg.train.epochs
+    if reuse:
+        parts.append((f"[1/4] reuse the finished training in {cfg.train.run_dir} (--retrain trains again)", 0.0))
+    elif cfg.data.format == "shapes":
+        shapes = cfg.data.shapes
+        made = (Path(cfg.data.root) / "dataset_shapes.json").exists()
+        images = shapes.n_train + shapes.n_val + shapes.n_test
+        parts.append((f"[1/4] extract the grids of the shapes data ({images:,} images) unless cached" if made else
+                      f"[1/4] draw the shapes data ({images:,} images) and extract their grids",
+                      (0.5 if made else 1.0) * MAKING_S_PER_IMAGE * images))  # extraction: about half
+        train_s = EPOCH_S_PER_TRAINING_IMAGE * shapes.n_train * epochs
+        if cfg.train.time_budget_s:
+            train_s = min(train_s, cfg.train.time_budget_s)
+        budget = f", at most {cfg.train.time_budget_s:.0f} s" if cfg.train.time_budget_s else ""
+        parts.append((f"      train the soft-attention model: {epochs} epochs of {shapes.n_train:,} images{budget}",
+                      train_s))
+    else:
+        parts.append((f"[1/4] train on the {cfg.data.format} data: {epochs} epochs (time: depends on the data)", None))
+    test_images = cfg.data.shapes.n_test if cfg.data.format == "shapes" else 200  # another data set's: a guess
+    parts.append((f"[2/4] evaluate on the test split (greedy{', METEOR' if meteor else ''})",
+                  EVALUATION_S_PER_IMAGE * test_images + (METEOR_S if meteor else 0.0)))
+    parts.append((f"[3/4] caption {n_captions} test images with overlays; [4/4] the summary", TEST_CAPTIONS_S))
+    width = max(len(text) for text, _ in parts)
+    lines = ["captioner demo: what it does, and about how long each part takes on 2 idle CPU cores (one busy: "
+             "twice as long)"]
+    lines += [f"  {text:<{width}}  {'' if s is None else _about(s) if s else 'seconds'}".rstrip() for text, s in parts]
+    known = [s for _, s in parts if s is not None]
+    lines.append(f"  about {_about(sum(known))[1:]} in all{'' if len(known) == len(parts) else ' besides training'}"
+                 + ("" if reuse else "; stopped midway, the next run continues from the last finished epoch"))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`captioner demo [--config X.yaml] [--run-dir DIR] [--time-budget S] ...`."""
     args = _parser().parse_args(argv)
@@ -115,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.insert(1, f"train.time_budget_s={args.time_budget}")
     cfg = load_config(config_path, overrides)
     run_dir = RunDir(cfg.train.run_dir)
+    reuse = run_dir.finished.exists() and run_dir.best.exists() and not args.retrain
+    print("\n".join(plan(cfg, photos=not args.no_photos, reuse=reuse, meteor=not args.no_meteor,
+                         n_captions=args.n_captions)))
     t0 = time.time()
 
     if not args.no_photos:
@@ -130,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               else "; the bar shows each epoch's time left"))
     print(f"[1/4] data + training ({config_path or 'defaults'}; {budget}) -> {run_dir}")
     done_marker = run_dir.finished
-    if done_marker.exists() and run_dir.best.exists() and not args.retrain:
+    if reuse:
         print(f"      reusing the finished run in {run_dir} (pass --retrain to train again)")
     else:
         resume = str(run_dir) if run_dir.last.exists() and not args.retrain else None
