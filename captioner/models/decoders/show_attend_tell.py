@@ -27,7 +27,7 @@ Lu et al. attend after the LSTM step with h_t and its cell m_t; here attention p
 so the sentinel reads the memory the step starts from, c_{t-1}. The map a word shows (its ``alpha``, (L,)) is the
 cells' part, which sums to 1 - beta_t: how much the word looked at the photo. Supervised attention
 (train.objective.grounding_weight) reads that map, so it asks the boxed words, and only those, to look. Soft reads
-only; the fast path runs this reference code for it (FastShowAttendTellDecoder).
+only; the fast path reads it the same way (Sentinel.read takes grouped memory and a projected query).
 
 This module is the reference: the equations one step at a time over the whole padded batch. What training
 and decoding run by default is its fast path, ``FastShowAttendTellDecoder`` (show_attend_tell_fast.py): the
@@ -186,16 +186,24 @@ class Sentinel(nn.Module):
         self.value = nn.Linear(hidden_dim, feature_dim)
         self.offset = nn.Parameter(torch.zeros(()))
 
-    def read(self, scorer: nn.Module, emb: Tensor, h: Tensor, c: Tensor, memory: list[Tensor]) -> AttentionOutput:
-        """The soft read over L cells and the sentinel for N rows (one memory row per query row): alpha (N, L), the
-        cells' part, sums to 1 - beta."""
-        values, prepared = memory  # (N, L, D), (N, L, *)
+    def read(self, scorer: nn.Module, emb: Tensor, h: Tensor, c: Tensor, memory: list[Tensor],
+             projected_query: Tensor | None = None) -> AttentionOutput:
+        """The soft read over L cells and the sentinel for N query rows: alpha (N, L), the cells' part, sums to
+        1 - beta. The memory may hold one row per G consecutive query rows (beam search's beams of an image, as
+        attention.read_context reads it); ``projected_query``: h @ the scorer's query weight, when the caller has it."""
+        values, prepared = memory  # (M, L, D), (M, L, *); N = M * G
         s = torch.sigmoid(self.gate(torch.cat([emb, h], dim=1))) * torch.tanh(c)  # (N, H): s_t
-        cells = scorer(h, prepared)  # (N, L)
-        own = scorer(h, scorer.prepare(self.key(s).unsqueeze(1))) + self.offset  # (N, 1)
-        both = torch.softmax(torch.cat([cells, own], dim=1), dim=1)  # (N, L + 1)
+        if projected_query is not None:
+            cells = scorer.score(projected_query, prepared)  # (N, L)
+            own = scorer.score(projected_query, scorer.prepare(self.key(s).unsqueeze(1)))  # (N, 1)
+        else:
+            cells = scorer(h, prepared)  # (N, L)
+            own = scorer(h, scorer.prepare(self.key(s).unsqueeze(1)))  # (N, 1): one sentinel row per query row
+        both = torch.softmax(torch.cat([cells, own + self.offset], dim=1), dim=1)  # (N, L + 1)
         alpha, beta = both[:, :-1], both[:, -1:]  # (N, L), (N, 1)
-        context = torch.bmm(alpha.unsqueeze(1), values).squeeze(1) + beta * self.value(s)  # (N, D)
+        M, L, D = values.shape
+        cells_read = torch.bmm(alpha.reshape(M, -1, L), values).reshape(-1, D)  # (M, G, L) @ (M, L, D) -> (N, D)
+        context = cells_read + beta * self.value(s)  # (N, D)
         entropy = -(both * torch.log(both.clamp(min=torch.finfo(both.dtype).tiny))).sum(1)  # (N,)
         return AttentionOutput(context, alpha, None, entropy, None)
 

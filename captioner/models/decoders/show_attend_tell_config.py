@@ -56,5 +56,5 @@ class ShowAttendTellConfig(DecoderFamilyConfig):
         if attention.attention == "hard":
             return "hard attention samples where it reads; only soft reads are compiled"
         if self.sentinel:
-            return "the sentinel's read runs the reference step, which is not compiled"
+            return "the sentinel's read has no compiled step"
         return ""

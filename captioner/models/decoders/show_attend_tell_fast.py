@@ -18,8 +18,7 @@ multiplies by cached column-major or MKL-packed weights (fast/inference_cache.py
 LSTM cell as one fused C kernel (captioner/fast/kernels), hands the search its raw logits with L_o's bias apart
 (search.Logits), and beam search may read projected values (expand_state).
 
-Every public method runs the reference's code instead under the reference switch (captioner/fast), and with the
-visual sentinel (``sentinel=True``, whose read only the reference has);
+Every public method runs the reference's code instead under the reference switch (captioner/fast);
 tests/test_fast_paths.py compares the two (losses, every parameter's gradient, decoded captions).
 
 Compiled (``compile_steps``, ``train.compile``): teacher forcing and decoding read softly run one step of the
@@ -105,7 +104,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         if self.stochastic:
             raise ValueError(f"{setting}={mode}: hard attention samples where it reads; only soft reads are compiled")
         if self.sentinel is not None:
-            raise ValueError(f"{setting}={mode}: the sentinel's read runs the reference step, which is not compiled")
+            raise ValueError(f"{setting}={mode}: the sentinel's read has no compiled step")
         device = self.embedding.weight.device
         if mode == "cudagraphs" and device.type != "cuda":
             raise ValueError(f"{setting}=cudagraphs: CUDA graphs need a CUDA device, the decoder is on {device}; "
@@ -124,7 +123,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     def _reads_context_linearly(self) -> bool:
         """Whether z only enters through linear maps after a scalar gate (see expand_state)."""
-        return isinstance(self.attention, SoftAttention) and (self.gate is None or self.gate.out_features == 1)
+        return (isinstance(self.attention, SoftAttention) and (self.gate is None or self.gate.out_features == 1)
+                and self.sentinel is None)  # the sentinel's value W_v s_t is no weighted sum of the cells' values
 
     def expand_state(self, state: State, beams: int) -> State:
         """`beams` consecutive rows per image for beam search (its `expand`): h and c are repeated;
@@ -136,7 +136,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         the LSTM and the deep output linearly, and beta_t is a scalar, so (beta sum_i alpha_i a_i) W =
         beta sum_i alpha_i (a_i W). The state is then a ProjectedState; step_with_location() reads it the same way.
         """
-        if not fast.enabled() or self.sentinel is not None:  # the sentinel's read is the reference's
+        if not fast.enabled():
             return super().expand_state(state, beams)
         if self._compiled is not None:  # raw values: the compiled step reads the plain state
             return self._compiled.expand(state, beams)
@@ -206,7 +206,8 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
 
     def _recur_fast(self, word_gates: Tensor, h: Tensor, c: Tensor, memory: list[Tensor], mode: str,
                     weights: _LoopWeights, expectation_mask: Tensor | None = None, projected: bool = False,
-                    temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor, AttentionOutput]:
+                    temperature: float = 1.0, emb: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor, AttentionOutput]:
         """One step of Eq. (1)-(6) (ShowAttendTellDecoder.recur): attend with h_{t-1}, gate, LSTM. Returns
         (h, c, z, read). word_gates (N, 4H) is the embedding's share of the LSTM gates (see _word_gates). With
         ``projected`` the memory's values are ProjectedState's, and the returned z is already L_z z."""
@@ -218,8 +219,11 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         recurrent, query, gate_logit = from_h.split([4 * H, weights.query_size, from_h.shape[1] - 4 * H
                                                      - weights.query_size], dim=1)  # (N, 4H), (N, A), (N, 1 or 0)
         extra = {"projected_query": query} if weights.query_size else {}
-        read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
-                              temperature=temperature, **extra)
+        if self.sentinel is not None:  # ``emb`` (N, E): the sentinel's gate reads the step's input word
+            read = self.sentinel.read(self.attention.scorer, emb, h, c, memory, **extra)
+        else:
+            read = self.attention(h, memory, mode, expectation_mask=expectation_mask, entropy=self.stochastic,
+                                  temperature=temperature, **extra)
         z = read.context  # (N, Z)
         fused = self.fused_cell and kernels.lstm_cell_applies(word_gates, recurrent, z, c)
         if projected and fused:  # all of the branch below and the cell in one pass (kernels.lstm_cell)
@@ -269,7 +273,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         """Teacher-forced decoding (contract.CaptionDecoder.forward) on the batch sorted by length. Scheduled
         sampling (``sample_prob`` > 0) runs the plain step-by-step forward: its input words are known only one
         step at a time (docs/training-options.md measures what that costs)."""
-        if not fast.enabled() or sample_prob or self.sentinel is not None:
+        if not fast.enabled() or sample_prob:
             return super().forward(grid, captions, lengths, attention_mode, expectation_mask, dropout_rows,
                                    temperature, sample_prob)
         if (self._compiled is not None and attention_mode == "expectation" and expectation_mask is None
@@ -289,8 +293,9 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             weights.hidden.packing = weights.context.packing = longest_run >= StepWeight.PACK_MIN_RUN
         word_gates = self._word_gates(emb.index_select(0, order), weights.word)  # (B, T-1, 4H) for all steps
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
+        emb_s = emb.index_select(0, order) if self.sentinel is not None else None  # (B, T-1, E), sorted
         hs, zs, reads = self._sorted_steps(word_gates, self.init_state(grid_s), active, mode, weights, mask_s,
-                                           temperature)
+                                           temperature, emb_s)
 
         # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
         # runs in the loss, fused with the cross-entropy (DecoderOutput.output_weight).
@@ -300,7 +305,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         return DecoderOutput.from_packed(features, self.out, batch, mask, reads)
 
     def _sorted_steps(self, word_gates: Tensor, state: State, active: list[int], mode: str, weights: _LoopWeights,
-                      expectation_mask: Tensor | None, temperature: float = 1.0
+                      expectation_mask: Tensor | None, temperature: float = 1.0, emb: Tensor | None = None
                       ) -> tuple[list[Tensor], list[Tensor], list[AttentionOutput]]:
         """The recurrence over captions sorted by length, step t on its active[t] captions (a prefix of the
         rows). Per-step results stay packed (time-major, active rows only): (h_t's, z_t's, reads)."""
@@ -308,6 +313,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         B = h.shape[0]
         # unbind, not word_gates[:, t]: a slice per step would cost a full-size zero gradient per step.
         gate_steps = word_gates.unbind(1)  # T-1 x (B, 4H)
+        emb_steps = emb.unbind(1) if emb is not None else None  # T-1 x (B, E): the sentinel's input words
         hs, zs, reads = [], [], []
         shared = [SharedRows(m) for m in memory]  # read through row prefixes as captions end
         for t, n in enumerate(active):
@@ -319,8 +325,9 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                 if expectation_mask is not None:
                     expectation_mask = expectation_mask[:n]
             gates_t = gate_steps[t] if n == B else gate_steps[t][:n]  # (n, 4H)
+            emb_t = None if emb_steps is None else emb_steps[t][:n]  # (n, E)
             h, c, z, read = self._recur_fast(gates_t, h, c, memory, mode, weights, expectation_mask,
-                                             temperature=temperature)
+                                             temperature=temperature, emb=emb_t)
             hs.append(h)
             zs.append(z)
             reads.append(read)
@@ -331,7 +338,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                generator: torch.Generator | None = None, temperature: float = 1.0) -> SampleOutput:
         """contract.CaptionDecoder.sample, with one set of step weights for the whole sequence (deferred
         gradients) and, without autograd, projected values (expand_state)."""
-        if not fast.enabled() or self.sentinel is not None:
+        if not fast.enabled():
             return super().sample(grid, samples, start_id, end_id, max_length, attention_mode, forbid_ids, greedy,
                                   generator, temperature)
         mode = self._sample_mode(attention_mode)
@@ -344,7 +351,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         for _ in range(max_length):
             emb = self.embedding(draws.tokens)  # (N, E)
             h, c, z, read = self._recur_fast(self._word_gates(emb, weights.word), h, c, memory, mode, weights,
-                                             projected=projected)
+                                             projected=projected, emb=emb)
             if not draws.draw(self._deep_output_fast(emb, h, z, projected), read):  # logits (N, V)
                 break
         return draws.output()
@@ -353,7 +360,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
                            dense: bool = True) -> tuple["Tensor | Logits", Tensor, Tensor | None, State]:
         """contract.CaptionDecoder.step_with_location; without autograd a step gathers its word gates from a table
         and hands the search L_o's bias apart (search.Logits adds it as it reads the words)."""
-        if not fast.enabled() or self.sentinel is not None:
+        if not fast.enabled():
             return super().step_with_location(tokens, state, attention_mode, dense)
         if self._compiled is not None and attention_mode == "expectation" and not torch.is_grad_enabled():
             return self._compiled.step(self, tokens, state, dense)
@@ -366,7 +373,7 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
             word_gates = self._word_gates(emb, weights.word)  # (N, 4H)
         else:
             word_gates = self._word_gate_table().index_select(0, tokens)  # (N, 4H): a gather, no matmul
-        h, c, z, read = self._recur_fast(word_gates, h, c, memory, mode, weights, projected=projected)
+        h, c, z, read = self._recur_fast(word_gates, h, c, memory, mode, weights, projected=projected, emb=emb)
         if dense:
             log_probs = torch.log_softmax(self._deep_output_fast(emb, h, z, projected), dim=-1)  # (N, V)
         elif torch.is_grad_enabled():
