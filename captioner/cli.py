@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("captioner.commands.config", "list the shipped configs, or show one with every key resolved"),
     "shapes": ("captioner.commands.shapes", "write the built-in synthetic shapes data set"),
     "serve": ("captioner.commands.serve", "a local demo page: upload a photo, see its caption, n-best and attention"),
+    "recipe": ("captioner.commands.recipe",
+               "a model's whole chain of runs: list, show, run (resumable; --dry-run), report its records"),
 }
 
 # Commands that run until stopped, serving requests of any size from many threads: malloc keeping every

@@ -12,6 +12,10 @@
       averaged.pt              train.average_last: the mean of the run's last k of them
       run.json                 which run the folder holds: {"run_id": ...}, kept across --resume; every checkpoint
                                and snapshot the run writes carries the same run_id
+      stage.json               `captioner recipe run`: the recipe stage the folder holds, its inputs (resolved config,
+                               the weights it started from) and, once done, its run id and wall time
+                               (captioner/training/recipe_runs.py); not a run output: the recipe writes it before
+                               the run starts
       finished.json            `captioner demo`: written once its run is done; with summary.json (its test
                                scores and captions), overlays/ (their attention) and photos/ (the shipped
                                model's captions of scikit-image's photographs)
@@ -62,6 +66,7 @@ class RunDir:
     photos = property(lambda self: self.root / "photos")
     tensorboard = property(lambda self: self.root / "tensorboard")
     run_file = property(lambda self: self.root / "run.json")
+    stage = property(lambda self: self.root / "stage.json")
 
     def epoch(self, number: int) -> Path:
         """train.keep_epochs' weights of epoch ``number`` (1-based)."""

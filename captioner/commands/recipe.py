@@ -1,0 +1,69 @@
+"""`captioner recipe list | show NAME | run NAME [--dry-run] [--only STAGE] [--redo STAGE] | report [PATH ...]`: the
+chains of runs behind the shipped models (captioner/recipes/*.yaml, or a recipe file by path), shown, run stage by
+stage and resumed (captioner/training/recipes.py reads and plans a recipe, captioner/training/recipe_runs.py runs it
+and writes its record), and the table of their records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from captioner.atomic import write_text_atomic
+from captioner.training.recipe_runs import find_records, format_report, run_recipe
+from captioner.training.recipes import EVALUATE, RecipeError, describe, load_recipe, plan, shipped_recipes
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captioner recipe",
+        description="A recipe is a model's whole chain of runs: its stages in order (a config with its overrides, "
+                    "each starting from the weights of the one before), its evaluation and its record.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the shipped recipes, usable by name")
+    show = sub.add_parser("show", help="a recipe's stages: config, overrides, run folder, budget, command")
+    show.add_argument("recipe", help="a shipped recipe's name or a recipe file")
+    run = sub.add_parser("run", help="run the stages not done yet (an interrupted one continues from its last.pt), "
+                                     "then the evaluation, and write the record")
+    run.add_argument("recipe", help="a shipped recipe's name or a recipe file")
+    run.add_argument("--dry-run", action="store_true", help="print the commands that would run; run nothing")
+    run.add_argument("--only", default=None, metavar="STAGE",
+                     help=f"run this stage alone (the ones before it done), or {EVALUATE!r}: the evaluation alone")
+    run.add_argument("--redo", default=None, metavar="STAGE",
+                     help="train this stage afresh, and the stages after it (they start from its weights): what a "
+                          "change of its inputs since its record needs; "
+                          f"{EVALUATE!r}: evaluate again")
+    report = sub.add_parser("report", help="a table of the recipes' records")
+    report.add_argument("paths", nargs="*", metavar="PATH",
+                        help="record files, or folders searched for record.json (default: the shipped recipes' "
+                             "records and runs/recipes/)")
+    report.add_argument("--out", default=None, help="also write the table (Markdown) to this file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(None if argv is None else list(argv))
+    try:
+        if args.action == "list":
+            for name, path in shipped_recipes().items():
+                print(f"{name:<20} {load_recipe(path).description}")
+        elif args.action == "show":
+            recipe = load_recipe(args.recipe)
+            print(describe(recipe, plan(recipe)))
+        elif args.action == "run":
+            return run_recipe(load_recipe(args.recipe), only=args.only, redo=args.redo, dry_run=args.dry_run,
+                              say=lambda line: print(line, flush=True))
+        else:
+            records = find_records(args.paths)
+            if not records:
+                print("captioner recipe report: no records found (`captioner recipe run NAME` writes one)",
+                      file=sys.stderr)
+                return 1
+            table = format_report(records)
+            print(table)
+            if args.out:
+                write_text_atomic(args.out, table + "\n")
+    except RecipeError as err:
+        print(f"captioner recipe: error: {err}", file=sys.stderr)
+        return 1
+    return 0
