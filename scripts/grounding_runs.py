@@ -39,7 +39,9 @@ PROBES = {
     # the visual sentinel (model.decoder.sentinel), added to the default's weights close to what it computed
     "probe_ft_w10_sentinel": ["train.objective.grounding_weight=10", "model.decoder.sentinel=true"],
 }
-RESULTS = ROOT / "docs" / "grounding" / "results"  # per-photo captions and box figures, beam 3 and beam 1
+# per-photo captions and box figures, beam 3 and beam 1: 200 kB a file, kept out of the tracked tree (its 38 MiB cap);
+# the rows keep the intervals computed from them, and their commands write them again
+RESULTS = ROOT / "runs" / "grounding" / "results"
 DEFAULT_ROW = "shipped_soft"  # what a paired interval compares against
 
 
@@ -242,7 +244,8 @@ def train_and_evaluate(step: dict, log, rows: Path) -> dict:
     result = json.loads(done.stdout)
     result.update({"train_commands": [" ".join(["captioner", *c]) for c in step["train"]],
                    "evaluate_command": " ".join(["captioner", *evaluate]), "train_wall_s": train_s,
-                   "evaluate_wall_s": time.time() - start, "last_stage_epochs": _epoch_figures(step["train"][-1]) if step["train"] else []})
+                   "evaluate_wall_s": time.time() - start,
+                   "last_stage_epochs": _epoch_figures(step["train"][-1]) if step["train"] else []})
     rows.mkdir(parents=True, exist_ok=True)
     (rows / f"{step['name']}.json").write_text(json.dumps(result, indent=1))
     return result
@@ -381,6 +384,12 @@ def _classes(row: dict, key: str, spec: str) -> str:
     return " · ".join("-" if classes[c].get(key) is None else format(classes[c][key], spec) for c in names)
 
 
+def _looked(row: dict) -> str:
+    """How much each class of words looked at the photo: only a model with the visual sentinel says (else '-')."""
+    sentinel = any("decoder.sentinel=true" in c for c in row.get("train_commands", []))
+    return _classes(row, "looked", ".3f") if sentinel else "-"
+
+
 def _gvd(row: dict, beam: int) -> str:
     """GVD's F1_all / F1_loc (%) at ``beam``, beside the whole photo's and the centre cell's F1_all."""
     figures = row.get("gvd", {}).get(f"beam{beam}")
@@ -389,7 +398,7 @@ def _gvd(row: dict, beam: int) -> str:
     loc, base = figures["localization"], figures["baselines"]
 
     def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:.1f}"
+        return "-" if value is None else f"{100 * value:.2f}"
 
     return (f"{pct(loc['f1_all'])} / {pct(loc['f1_loc'])} ({pct(base['whole_photo']['f1_all'])} / "
             f"{pct(base['centre_cell']['f1_all'])})")
@@ -410,9 +419,9 @@ def format_probes(rows: dict[str, dict]) -> str:
     lines = ["| model | BLEU-4 / METEOR / CIDEr-D | CIDEr-D − default, paired 95 % | pointing − centre (pointing, "
              "centre) [margin − default's, paired 95 %] | α inside | teacher-forced pointing − centre (the goal: +8) "
              "| words per caption: object · scene · other | consensus recall: object · scene | α entropy: object · "
-             "scene · other | GVD F1_all / F1_loc, beam 1 (whole photo / centre F1_all) | the same, beam 3 | the rule "
-             "| train |",
-             "|---" * 13 + "|"]
+             "scene · other | on the photo (the sentinel): object · scene · other | GVD F1_all / F1_loc, beam 1 (whole "
+             "photo / centre F1_all) | the same, beam 3 | the rule | train |",
+             "|---" * 14 + "|"]
     for name in PROBE_ROWS:
         r = rows.get(name)
         if r is None or default is None:
@@ -428,7 +437,8 @@ def format_probes(rows: dict[str, dict]) -> str:
             f"{margin:+.1f} ({100 * g['pointing']:.1f}, {100 * g['centre_pointing']:.1f} %) "
             f"[{_interval(r, 'pointing - centre', 1)}] | {g['inside']:.3f} | {taught} | "
             f"{_classes(r, 'words_per_caption', '.2f')} | "
-            f"{_classes(r, 'recall', '.3f')} | {_classes(r, 'entropy', '.3f')} | {_gvd(r, 1)} | {_gvd(r, 3)} | "
+            f"{_classes(r, 'recall', '.3f')} | {_classes(r, 'entropy', '.3f')} | {_looked(r)} | {_gvd(r, 1)} | "
+            f"{_gvd(r, 3)} | "
             f"{rule_verdict(r, default) if name != DEFAULT_ROW else '-'} | "
             f"{minutes(r['train_wall_s']) if r['train_commands'] else 'shipped'} |")
     lines += ["", "Commands (and each row's beam-3 and beam-1 evaluations with their results files):", ""]

@@ -40,6 +40,6 @@ def test_the_probe_table_gives_a_dash_where_a_figure_was_not_measured_and_the_in
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:5] == ["22.0 / 20.4 / 56.04", "-1.32 [-3.10, +0.41]", "+10.6 (75.0, 64.4 %) [+9.9 [+6.5, +13.2]]",
                           "0.664"]
-    assert cells[5:10] == ["-"] * 5 and cells[-1] == "16 min 56 s" and cells[-2].startswith("misses: pointing +10.6")
+    assert cells[5:12] == ["-"] * 7 and cells[-1] == "16 min 56 s" and cells[-2].startswith("misses: pointing +10.6")
     default_row = next(line for line in lines if line.startswith("| shipped `flickr8k_soft`"))
     assert "| the default |" in default_row

@@ -56,7 +56,7 @@ def test_an_old_lstm_config_reads_as_the_lstm_family_and_is_left_unchanged():
     assert cfg.model.attention.attention == "hard"
     assert config_to_dict(cfg)["model"]["decoder"] == {"kind": "lstm", "embed_dim": 512, "hidden_dim": 512,
                                                        "gate": "scalar", "dropout": 0.5, "feature_dropout": 0.0,
-                                                       "scene": "none"}  # a key added since: its default, the paper's
+                                                       "scene": "none", "sentinel": False}  # added since: the paper's
     assert json.dumps(old, sort_keys=True) == before  # the payload itself is not changed
 
 

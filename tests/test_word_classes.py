@@ -26,6 +26,12 @@ def test_classes_entropy_and_consensus_recall_by_hand(photo_folder):  # noqa: F8
     assert f["object"]["words_per_caption"] == 1.0 and f["other"]["words_per_caption"] == 2.0
     assert f["object"]["entropy"] == pytest.approx((0.0 + 1.0) / 2) and f["scene"]["entropy"] == pytest.approx(1.0)
     assert f["other"]["entropy"] == pytest.approx(0.5) and f["object"]["alpha_max"] == pytest.approx((1 + 0.25) / 2)
+    assert f["object"]["looked"] == pytest.approx(1.0)  # maps that sum to one: no sentinel
+    sentinel = WordClassTally()
+    # 0.4 and 0.9 of the two words' weight on the photo, the rest on the sentinel
+    sentinel.add(photo, ["a", "cat"], np.array([[0.1, 0.1, 0.1, 0.1], [0.5, 0.2, 0.1, 0.1]]))
+    assert sentinel.figures()["other"]["looked"] == pytest.approx(0.4)
+    assert sentinel.figures()["object"]["looked"] == pytest.approx(0.9)
     # only "cat" is named by two references: the first caption names it (as "cats"), the second does not
     assert f["object"]["recall"] == 0.5 and f["object"]["asked"] == 2
     assert f["scene"]["recall"] is None and f["scene"]["asked"] == 0

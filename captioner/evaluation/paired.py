@@ -186,7 +186,8 @@ def format_comparison(result: dict[str, Any]) -> str:
     """The comparison as a table: each metric's A, B, B - A and its paired 95 % interval."""
     head = (f"A={result['A']}  B={result['B']}  images={result['n_images']}  tokenizer={result['tokenizer']}  "
             f"paired bootstrap: {result['resamples']} resamples, seed {result['seed']}")
-    rows = [head, f"{'':<24}{'A':>8} {'B':>8} {'B - A':>8}   95 % interval", "-" * len(head)]
+    columns = f"{'':<24}{'A':>8} {'B':>8} {'B - A':>8}   95 % interval"
+    rows = [head, columns, "-" * (len(columns) + 16)]
     for name, m in result["metrics"].items():
         digits = 3 if name == "α inside" else 2
         rows.append(f"{name:<24}{m['A']:8.{digits}f} {m['B']:8.{digits}f} {m['difference']:+8.{digits}f}   "

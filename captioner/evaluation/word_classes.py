@@ -12,6 +12,8 @@ A lemma that heads both kinds of phrase counts as an object. Per class, over the
 - ``words_per_caption``: how many of a caption's words fall in the class;
 - ``entropy``: the mean H(α) / log L of those words' maps (1: uniform, 0: one cell);
 - ``alpha_max``: the mean largest weight of those maps;
+- ``looked``: the mean weight of those maps on the photo's cells (1 but for the visual sentinel, whose slot takes
+  the rest: how much the words of the class looked at the photo);
 - ``recall`` (object and scene): of the photo's class lemmas that at least ``CONSENSUS`` of its references name
   (what the annotators agree is there), the share the caption names.
 """
@@ -58,6 +60,7 @@ class WordClassTally:
         self.words = {c: 0 for c in CLASSES}
         self.entropy = {c: 0.0 for c in CLASSES}
         self.alpha_max = {c: 0.0 for c in CLASSES}
+        self.looked = {c: 0.0 for c in CLASSES}
         self.asked = {c: 0 for c in CLASSES[:2]}
         self.named = {c: 0 for c in CLASSES[:2]}
 
@@ -73,6 +76,7 @@ class WordClassTally:
             self.words[kind] += 1
             self.entropy[kind] += float(entropy[i])
             self.alpha_max[kind] += float(a[i].max())
+            self.looked[kind] += float(a[i].sum())
         said = set(lemmas)
         for key, count in named.items():
             if count >= CONSENSUS:
@@ -85,7 +89,8 @@ class WordClassTally:
         for c in CLASSES:
             n = self.words[c]
             out[c] = {"words": n, "words_per_caption": n / self.captions if self.captions else None,
-                      "entropy": self.entropy[c] / n if n else None, "alpha_max": self.alpha_max[c] / n if n else None}
+                      "entropy": self.entropy[c] / n if n else None, "alpha_max": self.alpha_max[c] / n if n else None,
+                      "looked": self.looked[c] / n if n else None}
             if c in self.asked:
                 out[c]["recall"] = self.named[c] / self.asked[c] if self.asked[c] else None
                 out[c]["asked"] = self.asked[c]
