@@ -27,7 +27,6 @@ and stops as training does (training/preemption.py), and the recipe exits with t
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import platform
 import shlex
@@ -44,6 +43,7 @@ import yaml
 
 from captioner.atomic import write_text_atomic
 from captioner.config import config_to_dict
+from captioner.store.hub import sha256_of
 from captioner.training.recipes import (
     EVALUATE,
     PlannedStage,
@@ -60,14 +60,6 @@ from captioner.training.recipes import (
 FORWARDED_SIGNALS = ("SIGTERM", "SIGUSR1")  # what training saves and stops on (training/preemption.py)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout the package runs from: its commit
 MAX_CHANGES_SHOWN = 12
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def weights_identity(init: str) -> dict | None:
