@@ -45,21 +45,16 @@ SCENE_PATH = ("model", "decoder", "scene")
 SENTINEL_PATH = ("model", "decoder", "sentinel")
 
 
-def _scene_widened(weights: dict, saved_config: dict, cfg: Config, change: str) -> dict:
+def _scene_widened(weights: dict, cfg: Config, change: str) -> dict:
     """``weights`` of a decoder without the scene, widened for one with it (show_attend_tell.widen_for_scene: the
     same function at the start); the other direction would drop trained weights, and is refused."""
     from captioner.models.decoders.show_attend_tell import widen_for_scene
 
-    if cfg.model.decoder.scene != "mean" or (_saved_scene(saved_config) or "none") != "none":
+    if cfg.model.decoder.scene != "mean":  # the scene changed, so the saved model's was "mean" and ours "none"
         raise ConfigError(f"train.init={cfg.train.init}: {change}; only a model without the scene may start one "
                           f"with it (its weights for the scene start at zero)")
     feature_dim = weights["decoder.init_h.0.weight"].shape[1]  # f_init,h reads the grid's mean (B, D)
     return widen_for_scene(weights, feature_dim)
-
-
-def _saved_scene(saved_config: dict) -> str | None:
-    decoder = saved_config.get("model", {}).get("decoder", {}) if isinstance(saved_config, dict) else {}
-    return decoder.get("scene") if isinstance(decoder, dict) else None
 
 
 def _without(section: dict, path: tuple[str, ...]) -> dict:
@@ -129,7 +124,7 @@ def init_weights(cfg: Config, model: nn.Module, payload: dict) -> None:
     weights = payload["model"]
     scene_change = next((c for c in changed if c.startswith(".".join(SCENE_PATH) + ":")), None)
     if scene_change is not None:
-        weights = _scene_widened(weights, payload["config"], cfg, scene_change)
+        weights = _scene_widened(weights, cfg, scene_change)
     sentinel_change = next((c for c in changed if c.startswith(".".join(SENTINEL_PATH) + ":")), None)
     if sentinel_change is not None:
         from captioner.models.decoders.show_attend_tell import with_sentinel

@@ -291,11 +291,11 @@ class FastShowAttendTellDecoder(ShowAttendTellDecoder):
         if torch.is_grad_enabled():  # (without autograd the weights are the cached ones that decoding shares)
             longest_run = max(len(list(run)) for _, run in itertools.groupby(active))  # steps at one batch size
             weights.hidden.packing = weights.context.packing = longest_run >= StepWeight.PACK_MIN_RUN
-        word_gates = self._word_gates(emb.index_select(0, order), weights.word)  # (B, T-1, 4H) for all steps
+        emb_s = emb.index_select(0, order)  # (B, T-1, E), sorted: the gates' input, and the sentinel's
+        word_gates = self._word_gates(emb_s, weights.word)  # (B, T-1, 4H) for all steps
         mask_s = None if expectation_mask is None else expectation_mask.index_select(0, order)
-        emb_s = emb.index_select(0, order) if self.sentinel is not None else None  # (B, T-1, E), sorted
         hs, zs, reads = self._sorted_steps(word_gates, self.init_state(grid_s), active, mode, weights, mask_s,
-                                           temperature, emb_s)
+                                           temperature, emb_s if self.sentinel is not None else None)
 
         # Eq. (7) on the real steps only, in the packed order; L_o (one matmul for all of them, none on padding)
         # runs in the loss, fused with the cross-entropy (DecoderOutput.output_weight).
