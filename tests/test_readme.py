@@ -24,7 +24,7 @@ The front door itself (issue 72): at most 150 lines, none wider than the page bu
 in a newcomer's order (set-up, captioning, your own photos, rebuilding a shipped model, results); how to reach the
 installed command (`source .venv/bin/activate` or `.venv/bin/captioner`) before the first bare `captioner`; the
 shipped config for your own photos loads with its small-data defaults; and the results table is the one
-scripts/readme_table.py makes from the records, not figures typed by hand.
+captioner/reports/readme.py makes from the records, not figures typed by hand.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import io
 import json
 import re
 import shlex
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +44,8 @@ from unittest import mock
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # a script: it writes the README's table
-import readme_table  # noqa: E402
+from captioner.reports import readme as readme_table
+from captioner.reports.sections import current
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -457,17 +456,18 @@ def test_the_own_photos_config_ships_with_small_data_defaults(readme_items, tmp_
 
 
 def test_the_results_table_is_the_one_its_records_give():
-    """The README's numbers are not typed: the table between its markers is scripts/readme_table.py's, made from the
+    """The README's numbers are not typed: the table between its markers is captioner/reports/readme.py's, made from the
     shipped models' records (their config.json) and the anchors' (docs/results/anchors.json); a figure that drifts
     from its record fails here. At most 8 rows and 8 columns: the full tables live in docs/."""
     import copy
 
-    table = readme_table.format_table(readme_table.read_records())
-    assert readme_table.readme_table(README.read_text()) == table, (
-        "README.md's results table is not the records': run python scripts/readme_table.py")
+    section = readme_table.TABLES[0]
+    table = readme_table.format_table(readme_table.read_records(ROOT))
+    assert current(README.read_text(), section, README) == table, (
+        "README.md's results table is not the records': run captioner recipe report --write")
     rows = table.splitlines()[2:]
     assert 0 < len(rows) <= 8 and all(row.count("|") - 1 <= 8 for row in table.splitlines())
-    records = readme_table.read_records()
+    records = readme_table.read_records(ROOT)
     for name in readme_table.SHIPPED:  # each shipped model's row shows its own record's figures
         row = next(r for r in rows if f"`{name}`" in r)
         assert f"| {records[name]['scores']['CIDEr-D']:.1f} |" in row and f"| {records[name]['split']}" in row
@@ -478,7 +478,7 @@ def test_the_results_table_is_the_one_its_records_give():
 
 def test_the_anchor_figures_are_the_ones_the_docs_quote():
     """docs/results/anchors.json holds the paper's and the PyTorch port's figures, which docs/results.md quotes."""
-    anchors = json.loads(readme_table.ANCHORS.read_text())
+    anchors = json.loads((ROOT / readme_table.ANCHORS).read_text())
     results = (ROOT / "docs" / "results.md").read_text()
     for name, record in anchors.items():
         assert record["source"] and record["split"] == "test", name

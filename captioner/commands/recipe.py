@@ -1,7 +1,8 @@
-"""`captioner recipe list | show NAME | run NAME [--dry-run] [--only STAGE] [--redo STAGE] | report [PATH ...]`: the
-chains of runs behind the shipped models (captioner/recipes/*.yaml, or a recipe file by path), shown, run stage by
-stage and resumed (captioner/training/recipes.py reads and plans a recipe, captioner/training/recipe_runs.py runs it
-and writes its record), and the table of their records."""
+"""`captioner recipe list | show NAME | run NAME [--dry-run] [--only STAGE] [--redo STAGE] | report [PATH ...] |
+report --write | --check`: the chains of runs behind the shipped models and the studies (captioner/recipes/*.yaml, or
+a recipe file by path), shown, run stage by stage and resumed (captioner/training/recipes.py reads and plans a recipe, captioner/training/recipe_runs.py runs it
+and writes its record), and the table of their records; `report --write` renders every generated table of
+README, docs/ and the model cards from the records (captioner/reports/), `--check` says which differ."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from typing import Sequence
 
 from captioner.atomic import write_text_atomic
+from captioner.reports.records import RecordError
+from captioner.reports.sections import ROOT, ReportError, write_tables
 from captioner.training.recipe_runs import find_records, format_report, run_recipe
 from captioner.training.recipes import EVALUATE, RecipeError, describe, load_recipe, plan, shipped_recipes
 
@@ -33,11 +36,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="train this stage afresh, and the stages after it (they start from its weights): what a "
                           "change of its inputs since its record needs; "
                           f"{EVALUATE!r}: evaluate again")
-    report = sub.add_parser("report", help="a table of the recipes' records")
+    report = sub.add_parser("report", help="a table of the recipes' records; --write / --check: every generated "
+                                           "table of README, docs/ and the model cards")
     report.add_argument("paths", nargs="*", metavar="PATH",
                         help="record files, or folders searched for record.json (default: the shipped recipes' "
                              "records and runs/recipes/)")
     report.add_argument("--out", default=None, help="also write the table (Markdown) to this file")
+    pages = report.add_mutually_exclusive_group()
+    pages.add_argument("--write", action="store_true",
+                       help="rewrite every generated table of the checkout (README, docs/, the model cards) from "
+                            "the records")
+    pages.add_argument("--check", action="store_true",
+                       help="only say which generated tables differ from what the records give (exit 1 if any)")
+    report.add_argument("--table", action="append", default=None, metavar="NAME",
+                        help="with --write or --check: this table alone (repeatable)")
+    report.add_argument("--plots", action="store_true", help="with --write: draw the docs' plots again too")
     return parser
 
 
@@ -53,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.action == "run":
             return run_recipe(load_recipe(args.recipe), only=args.only, redo=args.redo, dry_run=args.dry_run,
                               say=lambda line: print(line, flush=True))
+        elif args.write or args.check:
+            return _pages(args)
         else:
             records = find_records(args.paths)
             if not records:
@@ -63,7 +78,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(table)
             if args.out:
                 write_text_atomic(args.out, table + "\n")
-    except RecipeError as err:
+    except (RecipeError, ReportError, RecordError) as err:
         print(f"captioner recipe: error: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _pages(args: argparse.Namespace) -> int:
+    """``report --write`` / ``--check``: the generated tables of the checkout, from the records."""
+    if args.paths or args.out:
+        raise ReportError("--write and --check read every record of the checkout; they take no PATH or --out")
+    differ = write_tables(check=args.check, only=args.table)
+    if args.check:
+        for line in differ:
+            print(f"differs from its records: {line}")
+        print("every generated table matches its records" if not differ else
+              f"{len(differ)} table{'s' if len(differ) > 1 else ''} differ: captioner recipe report --write")
+        return 1 if differ else 0
+    for line in differ:
+        print(f"rewritten: {line}")
+    if args.plots:
+        from captioner.reports.family import write_plots
+
+        for path in write_plots(ROOT):
+            print(f"drawn: {path}")
+    print(f"{len(differ) or 'no'} table{'s' if len(differ) != 1 else ''} changed")
     return 0
