@@ -1,139 +1,161 @@
-"""scripts/attention_family.py, the attention family's driver, on the smoke config: two tiny rows write the table,
-the JSON and the plots; a finished row is skipped on the next run; an interrupted one resumes from its last.pt.
-Also the saturation figure on crafted attention maps and the pointer network's table."""
+"""The attention family as a study (captioner/recipes/attention_family.yaml) on the shapes data: a small study of the
+same form trains and records its variants, renders the page's table from the records, and runs nothing when run
+again; a variant without stages evaluates another's weights at GVD's beams with the paired intervals against it
+(the same weights: every difference exactly 0); the speed and heads measurements (scripts/bench_attention_family.py).
+Also the saturation figure on crafted attention maps, the heads' figures, the plots and the pointer network's table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
+from captioner.cli import main as cli
 from captioner.evaluation.metrics import SATURATED_ALPHA, attention_sharpness
+from captioner.reports import family as family_report
+from captioner.training.recipes import load_recipes, plan
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _driver():
-    spec = importlib.util.spec_from_file_location("attention_family", REPO / "scripts" / "attention_family.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["attention_family"] = module
-    spec.loader.exec_module(module)
-    return module
+def _bench():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_attention_family
+
+    return bench_attention_family
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory) -> Path:
-    """One smoke data set and feature cache for the module's driver runs: made by the first row trained, read after."""
-    return tmp_path_factory.mktemp("family_data")
+def _study(folder: Path) -> Path:
+    """The family's form on the smoke config: two variants that differ in their attention, and one that evaluates
+    the first's weights again (no stages) with GVD's beams and the paired intervals against it."""
+    smoke = {"train.epochs": 1, "train.num_threads": 1, "train.tensorboard": "off", "train.tensorboard_images": 0,
+             "train.run_dir": "runs/family/{variant}"}
+    data = {"description": "two variants of the family, tiny", "records": "docs/attention-family/rows",
+            "set": smoke, "stages": [{"config": "smoke"}],
+            "evaluate": {"split": "val", "beam": 2, "mirror_check": True, "meteor": False},
+            "variants": {
+                "soft_additive": {"info": {"label": "soft, additive", "study": "family", "scorer": "additive",
+                                           "attention": "soft", "key_width": None},
+                                  "set": {"model.attention.scorer": "additive"},
+                                  "evaluate": {"entities": "entities", "gvd": True}},
+                "multi_head_4": {"info": {"label": "multi-head, 4 heads", "study": "family", "scorer": "additive",
+                                          "attention": "multi_head", "key_width": None},
+                                 "set": {"model.attention.attention": "multi_head", "model.attention.heads": 4}},
+                "again": {"info": {"label": "the first again", "study": "check"}, "stages": [],
+                          "evaluate": {"model": "runs/family/soft_additive", "entities": "entities", "gvd": True,
+                                       "default": "soft_additive", "references": "data/smoke/dataset_shapes.json"}}}}
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
-def _args(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
-    return ["--config", str(REPO / "configs" / "smoke.yaml"), "--epochs", "1", "--runs", str(tmp_path / "runs"),
-            "--json", str(tmp_path / "docs" / "family" / "family.json"), "--doc", str(tmp_path / "docs" / "family.md"),
-            "--plots", str(tmp_path / "docs" / "family"), "--set", f"data.root={data_root}",
-            "--set", "train.num_threads=1", "--scoring", "quick", "--entities", "", *extra]
-
-
-@pytest.mark.slow
-def test_the_driver_writes_the_table_json_and_plots_skips_a_finished_row_and_resumes_one(tmp_path, data_root, capsys):
-    family = _driver()
-    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path, data_root)]) == 0
-    out = capsys.readouterr().out
-    assert "[1/2] soft_additive" in out and "[2/2] soft_dot" in out and "left" in out  # progress and time left
-    payload = json.loads((tmp_path / "docs" / "family" / "family.json").read_text())
-    rows = {r["name"]: r for r in payload["rows"]}
-    assert set(rows) == {"soft_additive", "soft_dot"} and payload["budget_epochs"] == 1
-    for row in rows.values():
-        assert row["epochs"] == 1 and row["parameters"] > 0 and row["CIDEr-D"] is not None
-        assert 0.0 <= row["alpha_saturated"] <= 1.0 and row["train_wall_s"] >= 0
-        assert "model.attention.scorer=" + row["scorer"] in row["sets"]
-    assert rows["soft_additive"]["parameters"] != rows["soft_dot"]["parameters"]  # the scorers differ in weights
-    page = (tmp_path / "docs" / "family.md").read_text()
-    assert "| soft, additive (the paper's) |" in page and "| soft, dot product |" in page
-    assert (tmp_path / "docs" / "family" / "quality-speed.png").stat().st_size > 1000
-
-    # a second run skips both rows (no training: the checkpoints stay as they were)
-    best = tmp_path / "runs" / "soft_dot" / "best.pt"
-    stamp = best.stat().st_mtime_ns
-    assert family.main(["run", "--rows", "soft_additive,soft_dot", *_args(tmp_path, data_root)]) == 0
-    assert "soft_dot: done" in capsys.readouterr().out and best.stat().st_mtime_ns == stamp
-
-    # the speed phase: the two rows taking turns, their figures in the table
-    assert family.main(["speed", "--rows", "soft_additive,soft_dot", "--repeats", "2",
-                        *_args(tmp_path, data_root)]) == 0
-    speed = json.loads((tmp_path / "docs" / "family" / "speed.json").read_text())["rows"]
-    assert set(speed) == {"soft_additive", "soft_dot"}
-    assert all(v["train_captions_per_s"] > 0 and v["decode_images_per_s"] > 0 for v in speed.values())
-    rows = {r["name"]: r for r in json.loads((tmp_path / "docs" / "family" / "family.json").read_text())["rows"]}
-    assert rows["soft_dot"]["train_captions_per_s"] == speed["soft_dot"]["train_captions_per_s"]
-    page = (tmp_path / "docs" / "family.md").read_text()
-
-    # the page's own prose around the generated table survives a report
-    doc = tmp_path / "docs" / "family.md"
-    doc.write_text("# Family\n\nprose before\n\n" + page[page.index(family.TABLE_START):] + "\nprose after\n")
-    (tmp_path / "docs" / "family" / "pointer.json").write_text(json.dumps(
-        {"cpu": "test CPU", "rows": [{"length": 5, "steps": 30, "exact_match": 0.5, "train_s": 1.0}]}))
-    assert family.main(["report", *_args(tmp_path, data_root)]) == 0
-    text = doc.read_text()
-    assert "prose before" in text and "prose after" in text and "| soft, dot product |" in text
-    assert "| 5 | 30 | 50.0 % | 1 s |" in text  # the pointer table, from its JSON
-
-    # an interrupted row (its evaluation lost, training one epoch short of a larger budget) resumes from last.pt
-    (tmp_path / "docs" / "family" / "rows" / "soft_additive.json").unlink()
-    assert family.main(["run", "--rows", "soft_additive", *_args(tmp_path, data_root, "--epochs", "2")]) == 0
-    log = (tmp_path / "runs" / "soft_additive" / "family.log").read_text()
-    assert "--resume" in log and "resuming" in log
-    history = [json.loads(line) for line in
-               (tmp_path / "runs" / "soft_additive" / "metrics.jsonl").read_text().splitlines()]
-    assert [e["epoch"] for e in history] == [1, 2]
-
-    # --fresh trains and measures a finished row again (it used to print "done, skipped" and keep the old figures)
-    capsys.readouterr()
-    assert family.main(["run", "--rows", "soft_dot", "--fresh", *_args(tmp_path, data_root)]) == 0
-    out = capsys.readouterr().out
-    assert "soft_dot: done" not in out and "[1/1] soft_dot" in out and best.stat().st_mtime_ns != stamp
-    row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
-    assert row["evaluate"]["n_images"] > 0  # evaluate's whole result is kept for later columns
-    assert "not measured" in doc.read_text()  # no boxes for the shapes photos: the columns say so
-
-    # the boxes phase adds a finished row's box columns from its kept best.pt, without training it again
+def _write_entities(folder: Path) -> None:
+    """Flickr30k Entities files for the smoke val photos: two boxed phrases each."""
     from captioner.config import load_config
     from captioner.data.datasets import load_records
     from tests.entities_fixture import write_photo
 
-    entities = tmp_path / "entities"
-    cfg = load_config(REPO / "configs" / "smoke.yaml", [f"data.root={data_root}"])
+    cfg = load_config(REPO / "configs" / "smoke.yaml")
     for record in load_records(cfg.data, "val"):
-        write_photo(entities, record.image_id.split("_")[0],
+        write_photo(folder, record.image_id.split("_")[0],
                     ["[/EN#1/other a red circle] over [/EN#2/other a square] ."], (64, 64),
                     {"1": [(1, 1, 32, 64)], "2": [(33, 1, 64, 64)]})
-    stamp = best.stat().st_mtime_ns
-    assert family.main(["boxes", "--rows", "soft_dot", *_args(tmp_path, data_root), "--entities", str(entities)]) == 0
-    row = json.loads((tmp_path / "docs" / "family" / "rows" / "soft_dot.json").read_text())
-    assert best.stat().st_mtime_ns == stamp and row["evaluate"]["boxes"]["teacher_forced"]["words"] == 2 * 6
-    assert 0 <= row["correctness_tf"] <= 1 and 0 <= row["pointing_tf"] <= 1
-    assert "not measured" in _row_line(doc.read_text(), "soft, additive") and "not measured" not in _row_line(
-        doc.read_text(), "soft, dot product")
 
 
-def _row_line(page: str, label: str) -> str:
-    return next(line for line in page.splitlines() if line.startswith(f"| {label}"))
+@pytest.mark.slow
+def test_a_study_records_its_variants_renders_the_table_and_measures_speed_and_heads(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # data, runs and records land here
+    study = _study(tmp_path)
+    assert cli(["recipe", "run", str(study), "--variant", "multi_head_4"]) == 0  # the data drawn, the grids made
+    _write_entities(tmp_path / "entities")
+    assert cli(["recipe", "run", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "[recipe study/multi_head_4] every stage done and evaluated" in out  # the first variant is not redone
+    rows = {name: json.loads((tmp_path / "docs/attention-family/rows" / f"{name}.json").read_text())
+            for name in ("soft_additive", "multi_head_4", "again")}
+    for name in ("soft_additive", "multi_head_4"):
+        row = rows[name]
+        assert row["name"] == name and row["split"] == "val" and row["beam_size"] == 2 and row["parameters"] > 0
+        own = (["model.attention.scorer=additive"] if name == "soft_additive" else
+               ["model.attention.attention=multi_head", "model.attention.heads=4"])
+        assert row["train_commands"] == [
+            "captioner train --config smoke --set train.epochs=1 --set train.num_threads=1 --set train.tensorboard=off "
+            f"--set train.tensorboard_images=0 --set train.run_dir=runs/family/{name} "
+            + " ".join(f"--set {k}" for k in own)]
+        assert [e["epoch"] for e in row["last_stage_epochs"]] == [1] and row["provenance"]["cpu"]
+    assert rows["soft_additive"]["parameters"] != rows["multi_head_4"]["parameters"]
+
+    # GVD's beams with their results files, and the paired intervals of the same weights: every difference 0
+    gvd = rows["soft_additive"]["gvd"]
+    assert set(gvd) == {"beam3", "beam1"} and "--beam 1 " in gvd["beam1"]["command"]
+    assert Path("runs/recipes/study/results/soft_additive.beam1.json").is_file()
+    again = rows["again"]
+    assert again["train_commands"] == [] and again["scores"] == rows["soft_additive"]["scores"]
+    assert again["vs_default"]["CIDEr-D"]["difference"] == 0.0
+    assert again["vs_default"]["CIDEr-D"]["low"] == again["vs_default"]["CIDEr-D"]["high"] == 0.0
+
+    # the page's table, from the records (the variants not in the shipped study come after its own, by name)
+    table = family_report.format_tables(tmp_path)
+    assert "| soft, additive |" in table and "| multi-head, 4 heads |" in table and "the first again" not in table
+    line = next(line for line in table.splitlines() if line.startswith("| soft, additive |"))
+    assert f"| {rows['soft_additive']['scores']['CIDEr-D']:.1f} |" in line and "not measured" not in line
+
+    # once done, the study runs nothing
+    monkeypatch.setattr("captioner.training.recipe_runs.run_child",
+                        lambda *a, **k: pytest.fail("a recorded study runs nothing"))
+    assert cli(["recipe", "run", str(study)]) == 0
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+
+    # speed: the variants taking turns; heads: the multi-head variant's alone
+    bench = _bench()
+    out_dir = tmp_path / "docs" / "attention-family"
+    assert bench.main(["speed", "--recipe", str(study), "--repeats", "2", "--out", str(out_dir)]) == 0
+    speed = json.loads((out_dir / "speed.json").read_text())["rows"]
+    assert set(speed) == {"soft_additive", "multi_head_4"}  # "again" trains nothing
+    assert all(v["train_captions_per_s"] > 0 and v["decode_images_per_s"] > 0 for v in speed.values())
+    assert bench.main(["heads", "--recipe", str(study), "--head-images", "6", "--out", str(out_dir)]) == 0
+    heads = json.loads((out_dir / "heads.json").read_text())["rows"]
+    assert set(heads) == {"multi_head_4"}  # a single-map variant has no heads to compare
+    figures = heads["multi_head_4"]
+    assert figures["heads"] == 4 and figures["images"] == 6 and figures["words"] > 0
+    assert 1.0 <= figures["distinct_head_cells"] <= 4.0 and 0.0 <= figures["head_overlap"] <= 1.0
+    table = family_report.format_tables(tmp_path)
+    assert f"{figures['distinct_head_cells']:.2f} of 4" in table
+    assert f"| {speed['multi_head_4']['train_captions_per_s']:.1f} |" in table
 
 
-def test_the_width_study_plot_and_the_saturated_share(tmp_path):
-    family = _driver()
-    fam = family.Family(config=Path("c.yaml"), runs=tmp_path, epochs=1, json_path=tmp_path / "f.json",
-                        doc=tmp_path / "doc.md", plots=tmp_path / "plots")
-    rows = [{"name": f"kv_{s}_{w}", "scorer": s, "attention": "key_value", "key_width": w, "CIDEr-D": 1.0,
-             "in_run_captions_per_s": 10.0, "alpha_entropy": e, "alpha_saturated": sat}
-            for s, w, e, sat in [("dot", 64, 0.5, 0.1), ("dot", 1024, 0.1, 0.8), ("scaled_dot", 64, 0.6, 0.0),
-                                 ("scaled_dot", 1024, 0.5, 0.05)]]
-    written = family.write_plots(fam, rows)
+def test_the_shipped_study_plans_every_variant_as_its_table_names_them():
+    """Every variant of the shipped family study plans (its config loads with its sets) and has a record whose label
+    is the variant's; the page's rows come in the study's order."""
+    recipes = load_recipes("attention_family")
+    assert len(recipes) == 16
+    for recipe in recipes:
+        stage = plan(recipe)[-1]
+        assert stage.cfg.train.run_dir == f"runs/family/{recipe.variant}" and stage.cfg.train.epochs == 2
+        record = json.loads((REPO / recipe.record).read_text())
+        assert record["label"] == dict(recipe.info)["label"]
+    tables = family_report.format_tables(REPO).split("**Multi-head")[0]  # the family's and the widths' tables
+    labels = [line.split("|")[1].strip() for line in tables.splitlines()
+              if line.startswith("| ") and "BLEU-4" not in line]
+    assert labels == [dict(r.info)["label"] for r in recipes]
+
+
+def test_the_plots_are_drawn_from_the_records(tmp_path):
+    folder = tmp_path / family_report.FOLDER / "rows"
+    folder.mkdir(parents=True)
+    for s, w, e, sat in [("dot", 64, 0.5, 0.1), ("dot", 1024, 0.1, 0.8), ("scaled_dot", 64, 0.6, 0.0),
+                         ("scaled_dot", 1024, 0.5, 0.05)]:
+        (folder / f"kv_{s}_{w}.json").write_text(json.dumps(
+            {"name": f"kv_{s}_{w}", "scorer": s, "attention": "key_value", "key_width": w, "CIDEr-D": 1.0,
+             "in_run_captions_per_s": 10.0, "alpha_entropy": e, "alpha_saturated": sat}))
+    written = family_report.write_plots(tmp_path)
     assert [p.name for p in written] == ["quality-speed.png", "entropy-width.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
 
 
 def test_the_saturated_share_counts_words_whose_largest_weight_passes_the_threshold():
@@ -169,7 +191,7 @@ def test_saturation_from_crafted_scores_grows_with_their_scale_unless_scaled():
 
 
 def test_the_pointer_table_trains_and_scores_each_length():
-    family = _driver()
+    family = _bench()
     rows = family.pointer_table(lengths=(3, 4), steps=30, eval_size=50)
     assert [r["length"] for r in rows] == [3, 4]
     for row in rows:
@@ -179,7 +201,7 @@ def test_the_pointer_table_trains_and_scores_each_length():
 def test_head_figures_on_crafted_maps_tell_heads_on_one_cell_from_heads_apart():
     import torch
 
-    family = _driver()
+    family = _bench()
     L, side = 16, 4
     one_hot = torch.zeros(L)
     one_hot[5] = 1.0
@@ -208,20 +230,3 @@ def test_head_figures_on_crafted_maps_tell_heads_on_one_cell_from_heads_apart():
         family.head_figures(torch.full((2, 1, 16), 1 / 16))
 
 
-@pytest.mark.slow
-def test_the_heads_phase_measures_a_trained_multi_head_row_and_reports_it(tmp_path, data_root, capsys):
-    import shutil
-
-    family = _driver()
-    args = _args(tmp_path, data_root)
-    assert family.main(["run", "--rows", "multi_head_4", *args]) == 0
-    # a finished single-map row: its folder holds a best.pt (a copy: its kind, not its weights, leaves it out)
-    shutil.copytree(tmp_path / "runs" / "multi_head_4", tmp_path / "runs" / "soft_dot")
-    assert family.main(["heads", "--rows", "multi_head_4,soft_dot", "--head-images", "6", *args]) == 0
-    heads = json.loads((tmp_path / "docs" / "family" / "heads.json").read_text())["rows"]
-    assert set(heads) == {"multi_head_4"}  # a single-map row has no heads to compare
-    figures = heads["multi_head_4"]
-    assert figures["heads"] == 4 and figures["images"] == 6 and figures["words"] > 0
-    assert 1.0 <= figures["distinct_head_cells"] <= 4.0 and 0.0 <= figures["head_overlap"] <= 1.0
-    page = (tmp_path / "docs" / "family.md").read_text()
-    assert "what the heads read apart" in page and f"{figures['distinct_head_cells']:.2f} of 4" in page

@@ -22,10 +22,10 @@ import yaml
 
 import captioner.training.recipe_runs as recipe_runs
 from captioner.cli import main as cli
-from captioner.config import load_config
+from captioner.config import config_to_dict, load_config
 from captioner.store.rundir import RunDir
 from captioner.store.zoo import SHIPPED_DIR, scan_models
-from captioner.training.recipes import RecipeError, load_recipe, plan, shipped_recipes
+from captioner.training.recipes import RecipeError, load_recipe, load_recipes, plan, shipped_recipes
 
 DEFAULT_CHAIN = [
     "captioner train --config flickr8k_soft",
@@ -61,17 +61,22 @@ def test_every_shipped_model_has_a_recipe_that_its_card_names():
 @pytest.mark.parametrize("name", sorted(shipped_recipes()))
 def test_a_shipped_recipe_follows_its_configs_chain(name):
     """Each stage after the first starts from the one before, as its config's own header and train.init say; the
-    shipped models' recipes keep their configs' run folders (so they rebuild what the cards name)."""
-    recipe = load_recipe(name)
-    stages = plan(recipe)
-    for before, stage in zip(stages, stages[1:]):
-        assert stage.init == before.weights and stage.cfg.train.init == before.weights
+    shipped models' recipes keep their configs' run folders (so they rebuild what the cards name). In a study, two
+    variants' stages that share a run folder are the same run (one config), so neither overwrites the other's."""
+    runs: dict[str, dict] = {}
+    for recipe in load_recipes(name):
+        stages = plan(recipe)
+        for before, stage in zip(stages, stages[1:]):
+            assert stage.init == before.weights and stage.cfg.train.init == before.weights
+            if not stage.stage.sets:  # a config as it ships: its own train.init names the stage before
+                assert load_config(stage.config_file).train.init == before.weights, (recipe.title, stage.name)
         if name.startswith("flickr8k"):
-            assert load_config(stage.config_file).train.init == before.weights, stage.name  # the config's own
-    if name.startswith("flickr8k"):
-        assert all(s.stage.sets == () for s in stages)  # the configs as they ship
-        assert recipe.evaluation.split == "val" and recipe.evaluation.beam == 3
-    assert len({str(s.run) for s in stages}) == len(stages)
+            assert all(s.stage.sets == () for s in stages)  # the configs as they ship
+            assert recipe.evaluation.split == "val" and recipe.evaluation.beam == 3
+        assert len({str(s.run) for s in stages}) == len(stages)
+        for stage in stages:
+            config = config_to_dict(stage.cfg)
+            assert runs.setdefault(str(stage.run), config) == config, (recipe.title, str(stage.run))
 
 
 def test_the_shipped_chains():
@@ -113,6 +118,54 @@ def test_a_malformed_recipe_is_named_with_its_file_and_key(tmp_path, data, expec
     with pytest.raises(RecipeError) as err:
         plan(load_recipe(path))
     assert str(path) in str(err.value) and expected in str(err.value)
+
+
+STUDY = {"records": "rows", "stages": [{"config": "smoke"}], "set": {"train.run_dir": "runs/s/{variant}"},
+         "variants": {"a": {}, "b": {"set": {"train.lr": 0.002}}}}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"record": "r.json"}, "record: a study writes one record per variant"),
+    ({"records": None}, "records: expected the folder of the variants' records"),
+    ({"variants": {}}, "variants: expected at least one"),
+    ({"variants": {"a": {"sets": {}}}}, "variants.a: unknown key 'sets' (valid: info, set, stages, evaluate)"),
+    ({"variants": {"a": {"stages": []}}}, "variants.a.stages: expected a list of stages"),
+    ({"variants": {"a": {"evaluate": {"model": "flickr8k_soft"}}}}, "evaluate.model: evaluates a given model, so "
+                                                                     "the recipe has no stages"),
+    ({"variants": {"a": {"evaluate": {"gvd": True}}}}, "variants.a.evaluate.gvd: expected true or false (true "
+                                                        "needs entities"),
+    ({"variants": {"a": {"evaluate": {"gvd": True, "entities": "e", "default": "c"}}}},
+     "variants.a.evaluate.default: no variant is named 'c'"),
+])
+def test_a_malformed_study_is_named_with_its_file_and_key(tmp_path, change, expected):
+    path = _write(tmp_path / "study.yaml", {**STUDY, **change})
+    with pytest.raises(RecipeError) as err:
+        load_recipes(path)
+    assert str(path) in str(err.value) and expected in str(err.value)
+
+
+def test_a_study_gives_each_variant_its_own_runs_and_record_and_refuses_an_unknown_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path / "study.yaml", STUDY)
+    a, b = load_recipes(path)
+    assert (a.title, b.title) == ("study/a", "study/b") and (a.record, b.record) == ("rows/a.json", "rows/b.json")
+    assert plan(a)[0].cfg.train.run_dir == "runs/s/a" and plan(b)[0].cfg.train.lr == 0.002
+    assert [r.variant for r in load_recipes(path, ["b"])] == ["b"]
+    with pytest.raises(RecipeError, match="no variant is named 'c' .*its variants: a, b"):
+        load_recipes(path, ["c"])
+    with pytest.raises(RecipeError, match="a study of 2 variants .*name one with --variant"):
+        load_recipe(path)
+    assert cli(["recipe", "run", str(path), "--dry-run"]) == 0
+    commands = _commands(capsys.readouterr().out)
+    assert commands[0] == "captioner train --config smoke --set train.run_dir=runs/s/a"
+    assert commands[2] == "captioner train --config smoke --set train.run_dir=runs/s/b --set train.lr=0.002"
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a.json").write_text(json.dumps({"scores": {}}))  # recorded before recipes existed
+    assert cli(["recipe", "run", str(path), "--variant", "a", "--dry-run"]) == 0
+    assert "[recipe study/a] recorded before recipes existed (rows/a.json): kept" in capsys.readouterr().out
+    assert cli(["recipe", "show", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "a  recorded (before recipes)" in shown and "b  to do" in shown
 
 
 def test_unknown_recipes_and_stages_list_the_valid_ones(tmp_path, monkeypatch, capsys):
@@ -171,8 +224,8 @@ def test_a_changed_stage_is_refused_naming_the_change_and_redo_accepts_it(tmp_pa
 
 
 def test_the_report_is_a_table_of_the_records(tmp_path, capsys):
-    record = {"recipe": "smoke_x", "wall_s": 83.0, "date": "2026-12-06T04:00:00+00:00",
-              "result": {"split": "val", "beam_size": 2, "scores": {"BLEU-4": 12.345, "METEOR": None, "CIDEr-D": 40.0}}}
+    record = {"recipe": "smoke_x", "wall_s": 83.0, "provenance": {"date": "2026-12-06T04:00:00+00:00"},
+              "split": "val", "beam_size": 2, "scores": {"BLEU-4": 12.345, "METEOR": None, "CIDEr-D": 40.0}}
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "record.json").write_text(json.dumps(record))
     assert cli(["recipe", "report", str(tmp_path), "--out", str(tmp_path / "table.md")]) == 0
@@ -238,13 +291,16 @@ def test_a_smoke_recipe_end_to_end_resumes_and_records(tmp_path, monkeypatch, ca
     assert [json.loads(line)["epoch"] for line in scst.metrics.read_text().splitlines()] == [1, 2, 3, 4]
     assert scst.averaged.is_file()
     record = json.loads(Path("runs/recipes/smoke_resume/record.json").read_text())
-    assert record["result"]["split"] == "val" and record["result"]["beam_size"] == 2
-    assert record["result"]["scores"]["CIDEr-D"] is not None and "mirror_follow" in record["result"]
+    assert record["split"] == "val" and record["beam_size"] == 2 and record["parameters"] > 0
+    assert record["scores"]["CIDEr-D"] is not None and "mirror_follow" in record
     assert [s["name"] for s in record["stages"]] == ["xe", "scst"] and record["stages"][1]["sessions"] == 2
     assert record["stages"][1]["command"].endswith("--init runs/recipes/smoke_resume/xe")
-    assert record["evaluation"]["command"].startswith("captioner evaluate --checkpoint "
-                                                      "runs/recipes/smoke_resume/scst/averaged.pt --split val --beam 2")
-    assert record["cpu"] and record["date"] and "commit" in record and record["wall_s"] > 0
+    assert record["train_commands"] == [s["command"] for s in record["stages"]]
+    assert record["evaluate_command"].startswith("captioner evaluate --checkpoint "
+                                                 "runs/recipes/smoke_resume/scst/averaged.pt --split val --beam 2")
+    assert [e["epoch"] for e in record["last_stage_epochs"]] == [1, 2, 3, 4]
+    provenance = record["provenance"]
+    assert provenance["cpu"] and provenance["date"] and "commit" in provenance and record["wall_s"] > 0
 
     monkeypatch.setattr(recipe_runs, "run_child", lambda *a, **k: pytest.fail("a finished recipe runs nothing"))
     assert cli(["recipe", "run", str(path)]) == 0

@@ -1,20 +1,22 @@
-"""`captioner recipe list | show NAME | run NAME [--dry-run] [--only STAGE] [--redo STAGE] | report [PATH ...] |
-report --write | --check`: the chains of runs behind the shipped models and the studies (captioner/recipes/*.yaml, or
-a recipe file by path), shown, run stage by stage and resumed (captioner/training/recipes.py reads and plans a recipe, captioner/training/recipe_runs.py runs it
-and writes its record), and the table of their records; `report --write` renders every generated table of
-README, docs/ and the model cards from the records (captioner/reports/), `--check` says which differ."""
+"""`captioner recipe list | show NAME | run NAME [--variant V] [--dry-run] [--only STAGE] [--redo STAGE] |
+report [PATH ...] | report --write | --check`: the chains of runs behind the shipped models and the studies
+(captioner/recipes/*.yaml, or a recipe file by path), shown, run stage by stage and resumed (captioner/training/
+recipes.py reads and plans a recipe, captioner/training/recipe_runs.py runs it and writes its record), and the table
+of their records; `report --write` renders every generated table of README, docs/ and the model cards from the
+records (captioner/reports/), `--check` says which differ."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from captioner.atomic import write_text_atomic
 from captioner.reports.records import RecordError
 from captioner.reports.sections import ROOT, ReportError, write_tables
-from captioner.training.recipe_runs import find_records, format_report, run_recipe
-from captioner.training.recipes import EVALUATE, RecipeError, describe, load_recipe, plan, shipped_recipes
+from captioner.training.recipe_runs import find_records, format_report, read_json, run_recipes
+from captioner.training.recipes import EVALUATE, RecipeError, describe, load_recipes, plan, shipped_recipes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,11 +26,15 @@ def _parser() -> argparse.ArgumentParser:
                     "each starting from the weights of the one before), its evaluation and its record.")
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="the shipped recipes, usable by name")
-    show = sub.add_parser("show", help="a recipe's stages: config, overrides, run folder, budget, command")
+    show = sub.add_parser("show", help="a recipe's stages: config, overrides, run folder, budget, command (a "
+                                       "study: its variants, or with --variant their stages)")
     show.add_argument("recipe", help="a shipped recipe's name or a recipe file")
     run = sub.add_parser("run", help="run the stages not done yet (an interrupted one continues from its last.pt), "
-                                     "then the evaluation, and write the record")
+                                     "then the evaluation, and write the record (a study: each variant's in turn)")
     run.add_argument("recipe", help="a shipped recipe's name or a recipe file")
+    for command in (show, run):
+        command.add_argument("--variant", action="append", default=None, metavar="NAME",
+                             help="a study's variant alone (repeatable; default: every variant)")
     run.add_argument("--dry-run", action="store_true", help="print the commands that would run; run nothing")
     run.add_argument("--only", default=None, metavar="STAGE",
                      help=f"run this stage alone (the ones before it done), or {EVALUATE!r}: the evaluation alone")
@@ -59,13 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "list":
             for name, path in shipped_recipes().items():
-                print(f"{name:<20} {load_recipe(path).description}")
+                recipes = load_recipes(path)
+                study = f" (a study: {len(recipes)} variants)" if recipes[0].variant is not None else ""
+                print(f"{name:<20} {recipes[0].description}{study}")
         elif args.action == "show":
-            recipe = load_recipe(args.recipe)
-            print(describe(recipe, plan(recipe)))
+            recipes = load_recipes(args.recipe, args.variant)
+            if recipes[0].variant is not None and not args.variant:
+                print(_study_table(recipes))
+            else:
+                print("\n\n".join(describe(recipe, plan(recipe)) for recipe in recipes))
         elif args.action == "run":
-            return run_recipe(load_recipe(args.recipe), only=args.only, redo=args.redo, dry_run=args.dry_run,
-                              say=lambda line: print(line, flush=True))
+            return run_recipes(load_recipes(args.recipe, args.variant), only=args.only, redo=args.redo,
+                               dry_run=args.dry_run, say=lambda line: print(line, flush=True))
         elif args.write or args.check:
             return _pages(args)
         else:
@@ -82,6 +93,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"captioner recipe: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _study_table(recipes: list) -> str:
+    """A study's variants: each one's stages, evaluation and whether its record exists."""
+    first = recipes[0]
+    lines = [f"{first.name}: {first.description}", f"  file     {first.path}",
+             f"  records  {Path(first.record).parent}/VARIANT.json", ""]
+    width = max(len(r.variant) for r in recipes)
+    for recipe in recipes:
+        record = read_json(Path(recipe.record))
+        state = ("recorded" + (" (before recipes)" if "evaluation" not in record else "")) if record else "to do"
+        stages = (", ".join(s.config for s in recipe.stages) if recipe.stages
+                  else f"evaluates {recipe.evaluation.model}")
+        lines.append(f"  {recipe.variant:<{width}}  {state:<26} {stages}")
+    lines += ["", f"captioner recipe show {first.name} --variant NAME: a variant's stages and commands"]
+    return "\n".join(lines)
 
 
 def _pages(args: argparse.Namespace) -> int:

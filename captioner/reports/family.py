@@ -8,7 +8,7 @@ decoding speeds with the rows taking turns, what a multi-head row's heads read a
 
 from __future__ import annotations
 
-import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,43 @@ FOLDER = "docs/attention-family"
 BUDGET_EPOCHS = 2  # every row's budget (the recipe's train.epochs)
 CONFIG = "configs/flickr8k_soft.yaml"  # what every row shares
 SATURATION = 0.99  # captioner.evaluation.metrics.SATURATED_ALPHA, which the "α max > 0.99" column counts
-# the variants in the order they ran: the four scorers first (the table's core), hard attention, the other variants,
-# then the key widths
-ORDER = ("soft_additive", "soft_dot", "soft_scaled_dot", "soft_bilinear", "hard_loo", "hard_gumbel", "key_value",
-         "multi_head_4", "multi_head_8", "soft_refiner",
-         *(f"kv_{scorer}_{width}" for width in (64, 256, 1024) for scorer in ("dot", "scaled_dot")))
+RECIPE = "attention_family"  # the rows' order is its variants' (the scorers first, then the other variants, widths)
 STUDIES = (("family", "The family"), ("width", "Dot against scaled dot, by key width"))
 PLOTS = ("quality-speed.png", "entropy-width.png")
 
 
 def read(root: Path) -> tuple[list[dict], dict, dict | None, dict | None]:
-    """(the rows in ORDER, each with its measured speeds; speed.json; heads.json; pointer.json)."""
+    """(the rows in ORDER, each flat (``flat``) with its measured speeds; speed.json; heads.json; pointer.json)."""
     folder = root / FOLDER
     found = read_rows(folder / "rows")
     optional = {name: read_record(folder / f"{name}.json") if (folder / f"{name}.json").is_file() else None
                 for name in ("speed", "heads", "pointer")}
     speed = optional["speed"] or {}
-    rows = [{**found[name], **speed.get("rows", {}).get(name, {})} for name in ORDER if name in found]
+    from captioner.training.recipes import load_recipes
+
+    order = [r.variant for r in load_recipes(RECIPE)]
+    names = sorted(found, key=lambda name: (order.index(name) if name in order else len(order), name))
+    rows = [{**flat(found[name]), **speed.get("rows", {}).get(name, {})} for name in names]
     return rows, speed, optional["heads"], optional["pointer"]
+
+
+def flat(record: dict) -> dict:
+    """A row's figures as the table reads them. A record of ``captioner recipe run`` holds evaluate's JSON (its
+    ``scores``, its ``boxes``) and the variant's ``info`` (label, study, scorer, attention, key width); a row
+    recorded before recipes holds them flat, under the names used here."""
+    if "scores" not in record:
+        return record
+    out = {**record, **record.get("info", {}), **record["scores"]}
+    boxes = record.get("boxes")
+    if boxes:
+        tf, gen = boxes["teacher_forced"], boxes["generated"]
+        out.update(correctness_tf=tf["inside"], pointing_tf=tf["pointing"], centre_tf=tf["centre_pointing"],
+                   inside_generated=gen["inside"], pointing_generated=gen["pointing"],
+                   centre_generated=gen["centre_pointing"])
+    rates = [e["items_per_s"] for e in record.get("last_stage_epochs", []) if e.get("items_per_s")]
+    if rates:
+        out["in_run_captions_per_s"] = statistics.median(rates)
+    return out
 
 
 def _cell(value: Any, digits: int = 1, percent: bool = False) -> str:

@@ -9,8 +9,6 @@ row's commands. ``probe-table``: issue 71's candidates against the default, with
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from captioner.reports.records import read_rows
 from captioner.reports.sections import Section
 

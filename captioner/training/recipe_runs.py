@@ -46,14 +46,17 @@ from captioner.config import config_to_dict
 from captioner.store.hub import sha256_of
 from captioner.training.recipes import (
     EVALUATE,
+    GVD_BEAMS,
     PlannedStage,
     Recipe,
     RecipeError,
     command_line,
+    evaluated_weights,
     evaluation_argv,
     format_duration,
-    load_recipe,
+    load_recipes,
     plan,
+    results_file,
     shipped_recipes,
 )
 
@@ -260,13 +263,15 @@ class _Run:
 
     @property
     def recipe_argument(self) -> str:
-        """How a command names this recipe: a shipped one by its name, another by its path."""
+        """How a command names this recipe: a shipped one by its name, another by its path; a study's variant with
+        --variant."""
         shipped = shipped_recipes().get(self.recipe.name)
-        return self.recipe.name if shipped == self.recipe.path else shlex.quote(str(self.recipe.path))
+        named = self.recipe.name if shipped == self.recipe.path else shlex.quote(str(self.recipe.path))
+        return named if self.recipe.variant is None else f"{named} --variant {self.recipe.variant}"
 
     def tell(self, text: str) -> None:
         """A line about the run (a dry run's are shell comments: its output is the commands, runnable as a script)."""
-        self.say(f"{'# ' if self.dry_run else ''}[recipe {self.recipe.name}] {text}")
+        self.say(f"{'# ' if self.dry_run else ''}[recipe {self.recipe.title}] {text}")
 
 
 def run_recipe(recipe: Recipe, only: str | None = None, redo: str | None = None, dry_run: bool = False,
@@ -282,6 +287,10 @@ def run_recipe(recipe: Recipe, only: str | None = None, redo: str | None = None,
             raise RecipeError(f"{flag} {name}: no such stage in {recipe.path} (its stages: {', '.join(steps)})")
     redo_from = steps.index(redo) + 1 if redo is not None else len(steps) + 1
     run = _Run(recipe, planned, say, redo_from, dry_run)
+    kept = _kept_record(run) if only is None and redo is None else None
+    if kept:
+        run.tell(kept)
+        return 0
     refused = _refusals_before_running(run, only)
     if refused:
         for line in refused:
@@ -296,6 +305,34 @@ def run_recipe(recipe: Recipe, only: str | None = None, redo: str | None = None,
     if only not in (None, EVALUATE):
         return 0
     return _evaluate(run)
+
+
+def run_recipes(recipes: list[Recipe], only: str | None = None, redo: str | None = None, dry_run: bool = False,
+                say: Callable[[str], None] = print) -> int:
+    """``run_recipe`` for each of ``recipes`` (a study's variants) in turn, up to the first that fails."""
+    for recipe in recipes:
+        code = run_recipe(recipe, only=only, redo=redo, dry_run=dry_run, say=say)
+        if code:
+            return code
+    return 0
+
+
+def _kept_record(run: _Run) -> str | None:
+    """Why a recipe whose record exists is left as it is, though its stages' records cannot say it is done: the
+    record was written before recipes existed (by a study's driver), or its run folders are not in this working
+    folder (a committed record, its runs trained elsewhere). None: the stages decide."""
+    path = Path(run.recipe.record)
+    record = read_json(path)
+    if record is None:
+        return None
+    if "evaluation" not in record:
+        return (f"recorded before recipes existed ({path}): kept; `captioner recipe run {run.recipe_argument} "
+                f"--redo {run.planned[0].name if run.planned else EVALUATE}` measures it again")
+    if run.planned and not any(p.run.root.exists() for p in run.planned):
+        return (f"recorded ({path}, {str(record.get('provenance', {}).get('date', '?'))[:10]}); its run folders are "
+                f"not here: kept; `captioner recipe run {run.recipe_argument} --redo {run.planned[0].name}` trains "
+                "it again")
+    return None
 
 
 def _refusals_before_running(run: _Run, only: str | None) -> list[str]:
@@ -406,33 +443,48 @@ def _later_budgets(run: _Run, p: PlannedStage) -> str:
 
 
 def _evaluate(run: _Run) -> int:
-    """The evaluation of the last stage's weights and the recipe's record; skipped when the record holds the same
-    evaluation of the same weights (nothing to do)."""
-    recipe, last = run.recipe, run.planned[-1]
-    argv = evaluation_argv(recipe, last.weights)
+    """The evaluation of the last stage's weights (``evaluate.gvd``: and at GVD's beams, with results files; with
+    ``evaluate.default``: the paired intervals against that variant) and the recipe's record; skipped when the
+    record holds the same evaluation of the same weights (nothing to do)."""
+    recipe = run.recipe
+    weights = evaluated_weights(recipe, run.planned)
+    argv = evaluation_argv(recipe, weights)
     record_path = Path(recipe.record)
     # what the evaluation reads: the command and the weights (their digest: stages trained in this call changed them)
-    inputs = {"command": command_line(argv), "weights": weights_identity(last.weights)}
+    inputs = {"command": command_line(argv), "weights": weights_identity(weights)}
     recorded = (read_json(record_path) or {}).get("evaluation", {}).get("inputs") == inputs
     if recorded and not run.trained and run.redo_from > len(run.planned) + 1:
         run.tell(f"every stage done and evaluated ({record_path}): nothing to do")
         return 0
+    gvd_argv = [evaluation_argv(recipe, weights, beam) for beam in (GVD_BEAMS if recipe.evaluation.gvd else ())]
     if run.dry_run:
-        run.tell(f"{EVALUATE}: the last stage's weights, then the record {record_path}")
-        run.say(command_line(argv))
+        what = "the last stage's weights" if run.planned else weights
+        run.tell(f"{EVALUATE}: {what}, then the record {record_path}")
+        for line in (argv, *gvd_argv):
+            run.say(command_line(line))
         return 0
     run.tell(f"{EVALUATE}: {command_line(argv)}")
     child = run_child(argv, capture=True)
-    if child.code:
-        run.tell(f"{EVALUATE}: failed (exit {child.code})")
-        return child.code
-    try:
-        result = json.loads(child.stdout)
-    except json.JSONDecodeError:
-        run.tell(f"{EVALUATE}: printed no JSON:\n{child.stdout[-2000:]}")
-        return 1
-    record = _record(run, result, inputs, child.wall_s)
-    write_text_atomic(record_path, json.dumps(record, indent=2))
+    result = _evaluation_json(run, child)
+    if result is None:
+        return child.code or 1
+    extra: dict = {}
+    if gvd_argv:
+        extra["gvd"] = {}
+        for beam, line in zip(GVD_BEAMS, gvd_argv):
+            results_file(recipe, beam).parent.mkdir(parents=True, exist_ok=True)
+            run.tell(f"{EVALUATE} at beam {beam}, the per-photo results kept: {command_line(line)}")
+            gvd_child = run_child(line, capture=True)
+            figures = _evaluation_json(run, gvd_child)
+            if figures is None:
+                return gvd_child.code or 1
+            extra["gvd"][f"beam{beam}"] = {**gvd_figures(figures), "command": command_line(line),
+                                           "wall_s": gvd_child.wall_s}
+    if recipe.evaluation.default is not None and recipe.evaluation.default != recipe.variant:
+        extra["vs_default"] = _paired(run, result["tokenizer"])
+    record = _record(run, result, inputs, child.wall_s, extra)
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(record_path, json.dumps(record, indent=1) + "\n")
     s = result.get("scores", {})
     run.tell(f"done: {result.get('split')} beam {result.get('beam_size')}: BLEU-4 {_fmt(s.get('BLEU-4'))}, METEOR "
              f"{_fmt(s.get('METEOR'))}, CIDEr-D {_fmt(s.get('CIDEr-D'))}; stages and evaluation "
@@ -440,8 +492,58 @@ def _evaluate(run: _Run) -> int:
     return 0
 
 
-def _record(run: _Run, result: dict, inputs: dict, wall_s: float) -> dict:
-    """The recipe's record: the evaluation's figures, each stage's command and wall time, the machine and commit."""
+def _evaluation_json(run: _Run, child: Child) -> dict | None:
+    if child.code:
+        run.tell(f"{EVALUATE}: failed (exit {child.code})")
+        return None
+    try:
+        return json.loads(child.stdout)
+    except json.JSONDecodeError:
+        run.tell(f"{EVALUATE}: printed no JSON:\n{child.stdout[-2000:]}")
+        return None
+
+
+def gvd_figures(result: dict) -> dict:
+    """What a record keeps of one of ``evaluate.gvd``'s evaluations: scores, pointing, the words by class and GVD's
+    exact IoU figures (evaluation/localization.py), the model's and the baselines'."""
+    boxes = result.get("boxes") or {}
+    loc = boxes.get("localization") or {}
+    g = boxes.get("generated") or {}
+    keep = ("accuracy", "f1_all", "f1_loc", "precision_all", "recall_all")
+
+    def pick(figures: dict) -> dict:  # the model's figures by setting; a baseline's, flat
+        flat = {**figures, **figures.get("teacher_forced", {}), **figures.get("generated", {})}
+        return {k: flat.get(k) for k in keep}
+
+    return {"scores": result["scores"], "pointing": g.get("pointing"), "centre_pointing": g.get("centre_pointing"),
+            "inside": g.get("inside"), "word_classes": boxes.get("word_classes"),
+            "vocabulary": loc.get("vocabulary"), "localization": pick(loc) if loc else None,
+            "baselines": {m: pick(b) for m, b in loc.get("baselines", {}).items()} if loc else None}
+
+
+def _paired(run: _Run, tokenizer: str) -> dict:
+    """Every metric's paired bootstrap interval against the study's default variant (evaluation/paired.py), from
+    the two beam-3 results files, tokenized as the evaluation was."""
+    from captioner.evaluation.paired import compare_files
+
+    recipe = run.recipe
+    default = next(r for r in load_recipes(recipe.path, [recipe.evaluation.default]))
+    a, b = results_file(default, GVD_BEAMS[0]), results_file(recipe, GVD_BEAMS[0])
+    if not a.is_file():
+        raise RecipeError(f"{a}: the default variant's results file is missing; run `captioner recipe run "
+                          f"{run.recipe_argument.split(' --variant ')[0]} --variant {default.variant}` first")
+    references = recipe.evaluation.references or (run.planned[-1].cfg.data.captions if run.planned else None)
+    if not references:
+        raise RecipeError(f"{recipe.path}: variant {recipe.variant}: the paired intervals need the references: "
+                          f"{EVALUATE}.references (a recipe without stages has no data.captions to read)")
+    compared = compare_files(a, b, Path(references), split=recipe.evaluation.split, tokenizer=tokenizer,
+                             meteor=recipe.evaluation.meteor)
+    return compared["metrics"]
+
+
+def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -> dict:
+    """The recipe's record: the evaluation's figures (``captioner evaluate --json``'s, at the top), the commands and
+    wall times of its stages and evaluation, the last stage's epochs, the machine and commit."""
     stages = []
     for p in run.planned:
         stage = read_json(p.run.stage) or {}
@@ -449,11 +551,19 @@ def _record(run: _Run, result: dict, inputs: dict, wall_s: float) -> dict:
                        "run_dir": str(p.run), "weights": p.weights, "wall_s": stage.get("wall_s"),
                        "sessions": len(stage.get("sessions", [])), "finished": stage.get("finished"),
                        "run_id": stage.get("run_id")})
-    total = sum(s["wall_s"] or 0.0 for s in stages) + wall_s
-    return {"recipe": run.recipe.name, "recipe_file": str(run.recipe.path), "description": run.recipe.description,
-            "date": _now(), "commit": commit(), "cpu": cpu_model(), "python": platform.python_version(),
-            "stages": stages, "evaluation": {"command": inputs["command"], "wall_s": wall_s, "inputs": inputs},
-            "wall_s": total, "result": result}
+    train_s = sum(s["wall_s"] or 0.0 for s in stages)
+    epochs = []
+    if run.planned and run.planned[-1].run.metrics.is_file():
+        epochs = [json.loads(line) for line in run.planned[-1].run.metrics.read_text().splitlines() if line.strip()]
+    recipe = run.recipe
+    return {**result, "name": recipe.variant or recipe.name, "recipe": recipe.name, "variant": recipe.variant,
+            "recipe_file": str(recipe.path), "description": recipe.description, "info": dict(recipe.info),
+            "train_commands": [s["command"] for s in stages], "evaluate_command": inputs["command"],
+            "train_wall_s": train_s, "evaluate_wall_s": wall_s, "wall_s": train_s + wall_s,
+            "last_stage_epochs": epochs, "stages": stages,
+            "evaluation": {"command": inputs["command"], "wall_s": wall_s, "inputs": inputs}, **extra,
+            "provenance": {"date": _now(), "commit": commit(), "cpu": cpu_model(),
+                           "python": platform.python_version()}}
 
 
 # --------------------------------------------------------------------------- the report
@@ -473,7 +583,8 @@ def find_records(paths: list[str] | None = None) -> list[Path]:
                 raise RecipeError(f"{text}: no such record file or folder")
             found += [path] if path.is_file() else sorted(path.rglob("record.json"))
     else:
-        found += [Path(load_recipe(f).record) for f in shipped_recipes().values()]
+        found += [Path(r.record) for f in shipped_recipes().values() for r in load_recipes(f)
+                  if r.variant is None]
         found += sorted(Path("runs/recipes").glob("*/record.json"))
     unique = {p.resolve(): p for p in found if p.is_file()}
     return list(unique.values())
@@ -484,12 +595,12 @@ def format_report(paths: list[Path]) -> str:
     lines = ["| " + " | ".join(REPORT_COLUMNS) + " |", "|" + "---|" * len(REPORT_COLUMNS)]
     for path in paths:
         record = read_json(path) or {}
-        result = record.get("result", {})
-        scores = result.get("scores", {})
-        row = [record.get("recipe", "?"), str(result.get("split", "?")), str(result.get("beam_size", "?")),
+        scores = record.get("scores", {})
+        name = record.get("recipe", "?") + (f"/{record['variant']}" if record.get("variant") else "")
+        row = [name, str(record.get("split", "?")), str(record.get("beam_size", "?")),
                _fmt(scores.get("BLEU-4")), _fmt(scores.get("METEOR")), _fmt(scores.get("CIDEr-D")),
                format_duration(record["wall_s"]) if record.get("wall_s") is not None else "–",
-               str(record.get("date", "?"))[:10], str(path)]
+               str(record.get("provenance", {}).get("date", "?"))[:10], str(path)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

@@ -18,6 +18,22 @@ and where the record of that evaluation goes::
                entities: data/flickr8k/flickr30k_entities, meteor: true}   # all optional; EVALUATION_DEFAULTS
     record: runs/recipes/NAME/record.json   # optional (this is the default)
 
+A study is a recipe file with ``variants``: the runs of one table (the attention family, the grounding runs, the
+training options), each a recipe of its own that writes its record to ``records/VARIANT.json``::
+
+    description: ...
+    set: {...}; stages: [...]; evaluate: {...}   # what every variant shares (a variant's own replace or extend them)
+    records: docs/grounding/rows                 # the folder of the variants' records
+    variants:
+      probe_ft_w10:
+        info: {label: ...}                       # optional: copied into its record (what its table calls it)
+        set: {train.run_dir: "runs/grounding/{variant}"}   # added to every stage; {variant} is its name
+        stages: [{config: flickr8k_soft_pointing_finetune}] # optional: instead of the shared stages
+        evaluate: {gvd: true, default: shipped_soft}       # optional: over the shared evaluation
+      shipped_soft:
+        stages: []
+        evaluate: {model: flickr8k_soft}         # no training: a model evaluated as it is
+
 As in big_vision, where a config is code that names its pieces, and Hydra, whose configs compose named files with
 overrides, a recipe only names: its stages are shipped configs plus ``--set``s, so an ablation of a recipe reads as a
 diff, and the configs keep their own commands. A stage's config is a shipped config's name, or a file's path ending
@@ -50,8 +66,10 @@ from captioner.store.rundir import RunDir
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
 EVALUATE = "evaluate"  # the step after the stages: what --only and --redo call the evaluation
 RECORD_DEFAULT = "runs/recipes/{name}/record.json"
-TOP_KEYS = ("description", "set", "stages", "evaluate", "record")
+TOP_KEYS = ("description", "set", "stages", "evaluate", "record", "variants", "records")
 STAGE_KEYS = ("config", "name", "set", "average_last")
+VARIANT_KEYS = ("info", "set", "stages", "evaluate")
+VARIANT = "{variant}"  # in a study's set values: the variant's name (its run folders)
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -74,7 +92,11 @@ class Stage:
 class Evaluation:
     """How the last stage's weights are evaluated (``captioner evaluate``): ``attention_mode`` None decodes as the
     model's config says, ``entities`` a Flickr30k Entities folder for the box figures (None: the model's
-    ``data.entities``, if any), ``meteor`` False skips METEOR (its Java start-up)."""
+    ``data.entities``, if any), ``meteor`` False skips METEOR (its Java start-up). ``model``: what a recipe without
+    stages evaluates (a shipped model's name or a path). ``gvd``: GVD's exact figures too, at beam 3 and beam 1
+    (GVD decodes with 1), each evaluation writing its per-photo results file (needs ``entities``). ``default``: the
+    variant of the same study whose beam-3 results file the paired intervals compare against (needs ``gvd`` on
+    both), with ``references`` the captions file they score against (None: the last stage's ``data.captions``)."""
 
     split: str = "val"
     beam: int = 3
@@ -82,6 +104,10 @@ class Evaluation:
     mirror_check: bool = False
     entities: str | None = None
     meteor: bool = True
+    model: str | None = None
+    gvd: bool = False
+    default: str | None = None
+    references: str | None = None
 
 
 EVALUATION_DEFAULTS = Evaluation()
@@ -89,12 +115,26 @@ EVALUATION_DEFAULTS = Evaluation()
 
 @dataclass(frozen=True)
 class Recipe:
-    name: str
+    """One chain of runs and its evaluation: a recipe file's, or one variant of a study's (``variant`` its name)."""
+
+    name: str  # the file's name (e.g. "flickr8k_soft", "grounding")
     path: Path
     description: str
     stages: tuple[Stage, ...]
     evaluation: Evaluation
     record: str  # the record's path, relative to the working folder unless absolute
+    variant: str | None = None
+    info: tuple[tuple[str, Any], ...] = ()  # a study variant's info: copied into its record
+
+    @property
+    def title(self) -> str:
+        """How messages name it: "flickr8k_soft", or "grounding/probe_ft_w10" for a study's variant."""
+        return self.name if self.variant is None else f"{self.name}/{self.variant}"
+
+    @property
+    def results_dir(self) -> Path:
+        """Where its per-photo results files go (``evaluate.gvd``): runs/recipes/NAME/results, kept out of the tree."""
+        return Path("runs/recipes") / self.name / "results"
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -115,7 +155,18 @@ def find_recipe(text: str | Path) -> Path:
 
 
 def load_recipe(text: str | Path) -> Recipe:
-    """The recipe ``text`` names (a file or a shipped name), every key checked."""
+    """The recipe ``text`` names (a file or a shipped name), every key checked; a study (a file with variants) is
+    refused here: ``load_recipes`` reads its variants."""
+    recipes = load_recipes(text)
+    if recipes[0].variant is not None:
+        raise RecipeError(f"{recipes[0].path}: a study of {len(recipes)} variants ({', '.join(_names(recipes))}); "
+                          "name one with --variant")
+    return recipes[0]
+
+
+def load_recipes(text: str | Path, variants: list[str] | None = None) -> list[Recipe]:
+    """The recipes a file holds: itself, or each of its variants (those named in ``variants``, in the file's
+    order), every key checked."""
     path = find_recipe(text)
     try:
         data = yaml.safe_load(path.read_text())
@@ -124,23 +175,82 @@ def load_recipe(text: str | Path) -> Recipe:
     where = _Where(path)
     data = where.mapping(data, "the top level")
     where.known_keys(data, TOP_KEYS, "the top level")
-    shared = _override_texts(where, data.get("set") or {}, "set")
-    stages_data = data.get("stages")
-    if not isinstance(stages_data, list) or not stages_data:
-        raise RecipeError(f"{path}: stages: expected a list of stages, each a mapping with a config (got "
-                          f"{stages_data!r})")
-    stages = tuple(_read_stage(where, item, f"stages[{i}]", shared) for i, item in enumerate(stages_data))
-    names = [s.name for s in stages]
-    for name in names:
-        if names.count(name) > 1:
-            raise RecipeError(f"{path}: stages: two stages are named {name!r}; give each a name of its own (name:)")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise RecipeError(f"{path}: description: expected one line of text, got {description!r}")
-    record = data.get("record", RECORD_DEFAULT.format(name=path.stem))
-    if not isinstance(record, str) or not record.strip():
-        raise RecipeError(f"{path}: record: expected the path of the record file, got {record!r}")
-    return Recipe(path.stem, path, description, stages, _read_evaluation(where, data.get("evaluate") or {}), record)
+    shared = _override_texts(where, data.get("set") or {}, "set")
+    evaluate = where.mapping(data.get("evaluate") or {}, EVALUATE)
+    if "variants" not in data:
+        if "records" in data:
+            raise RecipeError(f"{path}: records: a folder of variants' records, but the recipe has no variants "
+                              "(its one record: record)")
+        if variants:
+            raise RecipeError(f"{path}: --variant {variants[0]}: the recipe has no variants")
+        record = data.get("record", RECORD_DEFAULT.format(name=path.stem))
+        if not isinstance(record, str) or not record.strip():
+            raise RecipeError(f"{path}: record: expected the path of the record file, got {record!r}")
+        stages = _read_stages(where, data.get("stages"), "stages", shared, evaluate)
+        return [Recipe(path.stem, path, description, stages, _read_evaluation(where, evaluate, EVALUATE), record)]
+    if "record" in data:
+        raise RecipeError(f"{path}: record: a study writes one record per variant, in its records folder")
+    records = data.get("records")
+    if not isinstance(records, str) or not records.strip():
+        raise RecipeError(f"{path}: records: expected the folder of the variants' records, got {records!r}")
+    table = where.mapping(data["variants"], "variants")
+    if not table:
+        raise RecipeError(f"{path}: variants: expected at least one")
+    unknown = [v for v in variants or [] if v not in table]
+    if unknown:
+        raise RecipeError(f"{path}: no variant is named {', '.join(map(repr, unknown))} (its variants: "
+                          f"{', '.join(map(str, table))})")
+    out = []
+    for name, item in table.items():
+        what = f"variants.{name}"
+        if not isinstance(name, str) or not STAGE_NAME.match(name):
+            raise RecipeError(f"{path}: {what}: {name!r} is no variant name (letters, digits, _ . -)")
+        if variants and name not in variants:
+            continue
+        item = where.mapping(item or {}, what)
+        where.known_keys(item, VARIANT_KEYS, what)
+        own = shared + _override_texts(where, item.get("set") or {}, f"{what}.set")
+        own = tuple(text.replace(VARIANT, name) for text in own)
+        merged = {**evaluate, **where.mapping(item.get("evaluate") or {}, f"{what}.{EVALUATE}")}
+        stages = _read_stages(where, item.get("stages", data.get("stages")), f"{what}.stages", own, merged)
+        stages = tuple(dataclasses.replace(stage, sets=tuple(text.replace(VARIANT, name) for text in stage.sets))
+                       for stage in stages)
+        info = where.mapping(item.get("info") or {}, f"{what}.info")
+        out.append(Recipe(path.stem, path, description, stages, _read_evaluation(where, merged, f"{what}.{EVALUATE}"),
+                          str(Path(records) / f"{name}.json"), name, tuple(info.items())))
+    for recipe in out:
+        default = recipe.evaluation.default
+        if default is not None and default not in table:
+            raise RecipeError(f"{path}: variants.{recipe.variant}.{EVALUATE}.default: no variant is named "
+                              f"{default!r}")
+    return out
+
+
+def _names(recipes: list[Recipe]) -> list[str]:
+    return [r.variant or r.name for r in recipes]
+
+
+def _read_stages(where: "_Where", stages_data: Any, what: str, shared: tuple[str, ...],
+                 evaluate: dict) -> tuple[Stage, ...]:
+    """A recipe's stages; none only where its evaluation names the model (``evaluate.model``)."""
+    if stages_data == [] and evaluate.get("model"):
+        return ()
+    if not isinstance(stages_data, list) or not stages_data:
+        raise RecipeError(f"{where.path}: {what}: expected a list of stages, each a mapping with a config (got "
+                          f"{stages_data!r}; none at all only with {EVALUATE}.model, the model evaluated)")
+    if evaluate.get("model"):
+        raise RecipeError(f"{where.path}: {EVALUATE}.model: evaluates a given model, so the recipe has no stages "
+                          f"(stages: []), but {what} lists {len(stages_data)}")
+    stages = tuple(_read_stage(where, item, f"{what}[{i}]", shared) for i, item in enumerate(stages_data))
+    names = [s.name for s in stages]
+    for name in names:
+        if names.count(name) > 1:
+            raise RecipeError(f"{where.path}: {what}: two stages are named {name!r}; give each a name of its own "
+                              "(name:)")
+    return stages
 
 
 @dataclass(frozen=True)
@@ -195,10 +305,10 @@ def _value_text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def _read_evaluation(where: _Where, data: Any) -> Evaluation:
-    data = where.mapping(data, EVALUATE)
+def _read_evaluation(where: _Where, data: Any, what: str) -> Evaluation:
+    data = where.mapping(data, what)
     keys = tuple(f.name for f in dataclasses.fields(Evaluation))
-    where.known_keys(data, keys, EVALUATE)
+    where.known_keys(data, keys, what)
     evaluation = dataclasses.replace(EVALUATION_DEFAULTS, **data)
     beam = evaluation.beam
     checks = {"split": evaluation.split in SPLITS,
@@ -206,13 +316,21 @@ def _read_evaluation(where: _Where, data: Any) -> Evaluation:
               "attention_mode": evaluation.attention_mode in (None, *DECODING_MODES),
               "mirror_check": isinstance(evaluation.mirror_check, bool),
               "entities": evaluation.entities is None or isinstance(evaluation.entities, str) and evaluation.entities,
-              "meteor": isinstance(evaluation.meteor, bool)}
+              "meteor": isinstance(evaluation.meteor, bool),
+              "model": evaluation.model is None or isinstance(evaluation.model, str) and evaluation.model,
+              "gvd": isinstance(evaluation.gvd, bool) and (not evaluation.gvd or evaluation.entities),
+              "default": evaluation.default is None or isinstance(evaluation.default, str) and evaluation.gvd,
+              "references": evaluation.references is None or isinstance(evaluation.references, str)
+              and evaluation.references}
     expected = {"split": f"one of {', '.join(SPLITS)}", "beam": "a beam width of 1 or more",
                 "attention_mode": f"one of {', '.join(DECODING_MODES)} (or none: the model's)",
-                "mirror_check": "true or false", "entities": "a Flickr30k Entities folder", "meteor": "true or false"}
+                "mirror_check": "true or false", "entities": "a Flickr30k Entities folder", "meteor": "true or false",
+                "model": "a model's name or path", "gvd": "true or false (true needs entities: the boxes)",
+                "default": "a variant's name (and gvd: true, whose results files the intervals read)",
+                "references": "a captions file (the data set's, e.g. data/flickr8k/dataset_flickr8k.json)"}
     for key, ok in checks.items():
         if not ok:
-            raise RecipeError(f"{where.path}: {EVALUATE}.{key}: expected {expected[key]}, got "
+            raise RecipeError(f"{where.path}: {what}.{key}: expected {expected[key]}, got "
                               f"{getattr(evaluation, key)!r}")
     return evaluation
 
@@ -317,13 +435,30 @@ def _shown_path(path: Path) -> str:
     return os.path.relpath(path, cwd) if path.is_relative_to(cwd) else str(path)
 
 
-def evaluation_argv(recipe: Recipe, weights: str) -> tuple[str, ...]:
-    """``captioner evaluate``'s arguments for the recipe's evaluation of ``weights`` (its JSON on stdout)."""
+def evaluated_weights(recipe: Recipe, planned: list[PlannedStage]) -> str:
+    """What the evaluation reads: the last stage's weights, or the model a recipe without stages names."""
+    return planned[-1].weights if planned else str(recipe.evaluation.model)
+
+
+GVD_BEAMS = (3, 1)  # evaluate.gvd's beams: the reported one, and GVD's own
+
+
+def results_file(recipe: Recipe, beam: int) -> Path:
+    """The per-photo results file of a study variant's evaluation at ``beam`` (``evaluate.gvd``)."""
+    return recipe.results_dir / f"{recipe.variant or recipe.name}.beam{beam}.json"
+
+
+def evaluation_argv(recipe: Recipe, weights: str, gvd_beam: int | None = None) -> tuple[str, ...]:
+    """``captioner evaluate``'s arguments for the recipe's evaluation of ``weights`` (its JSON on stdout);
+    ``gvd_beam``: one of ``evaluate.gvd``'s evaluations instead, at that beam with its results file and no mirror
+    check."""
     e = recipe.evaluation
-    return ("evaluate", "--checkpoint", weights, "--split", e.split, "--beam", str(e.beam),
+    beam = e.beam if gvd_beam is None else gvd_beam
+    return ("evaluate", "--checkpoint", weights, "--split", e.split, "--beam", str(beam),
             *(("--attention-mode", e.attention_mode) if e.attention_mode else ()),
-            *(("--mirror-check",) if e.mirror_check else ()),
+            *(("--mirror-check",) if e.mirror_check and gvd_beam is None else ()),
             *(("--entities", e.entities) if e.entities else ()),
+            *(("--results-file", str(results_file(recipe, gvd_beam))) if gvd_beam is not None else ()),
             *(() if e.meteor else ("--no-meteor",)), "--json")
 
 
@@ -345,7 +480,7 @@ def format_duration(seconds: float) -> str:
 def describe(recipe: Recipe, planned: list[PlannedStage]) -> str:
     """What ``captioner recipe show`` prints: every stage's config, overrides, run folder, start, budget, averaging
     and command; the evaluation's command; the record."""
-    lines = [f"{recipe.name}: {recipe.description}", f"  file     {recipe.path}"]
+    lines = [f"{recipe.title}: {recipe.description}", f"  file     {recipe.path}"]
     for p in planned:
         t = p.cfg.train
         start = (f"the weights of stage {planned[p.index - 2].name!r}: {p.init}" if p.init is not None
@@ -359,6 +494,11 @@ def describe(recipe: Recipe, planned: list[PlannedStage]) -> str:
                   f"(train.time_budget_s), at most {t.epochs} epoch{'s' if t.epochs != 1 else ''}",
                   f"  averages {f'the last {t.average_last} epochs: {p.run.averaged}' if t.average_last else 'no'}",
                   f"  command  {command_line(p.argv)}"]
-    lines += [EVALUATE, f"  command  {command_line(evaluation_argv(recipe, planned[-1].weights))}",
+    weights = evaluated_weights(recipe, planned)
+    lines += [EVALUATE, f"  command  {command_line(evaluation_argv(recipe, weights))}",
+              *[f"  gvd      {command_line(evaluation_argv(recipe, weights, beam))}"
+                for beam in (GVD_BEAMS if recipe.evaluation.gvd else ())],
+              *([f"  paired   against variant {recipe.evaluation.default!r} (its beam-3 results file)"]
+                if recipe.evaluation.default else []),
               f"record     {recipe.record}"]
     return "\n".join(lines)

@@ -1,16 +1,8 @@
-"""scripts/option_runs.py's report: the rows' figures as docs/training-options.md shows them, and the page's
-generated part replaced between its markers only."""
+"""docs/training-options.md's tables (captioner/reports/options.py): the rows' figures as the page shows them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # a script, not part of the package
-import option_runs  # noqa: E402
-from grounding_runs import replace_between  # noqa: E402
+from captioner.reports import options as option_runs
 
 
 def _row(cider: float, pointing: float, wall: float, trained: bool = True) -> dict:
@@ -74,14 +66,3 @@ def test_the_iou_figures_stand_beside_the_whole_photos_and_the_centre_cells():
                 if line.startswith("| scheduled sampling"))
     # no "vocabulary" in the figures: a row from before issue 71, marked as the project's earlier F1 variant
     assert "| 26.5 % (19.4 / 0.3 %) / 6.7 % (5.6 / 0.0 %) / - (30.1 / 0.2 %) † |" in line
-
-
-def test_the_generated_part_is_replaced_between_the_markers_and_nothing_else(tmp_path):
-    doc = tmp_path / "page.md"
-    doc.write_text("before\n<!-- s -->\nold table\n<!-- e -->\nafter\n")
-    replace_between(doc, "<!-- s -->", "<!-- e -->", "new table")
-    assert doc.read_text() == "before\n<!-- s -->\nnew table\n<!-- e -->\nafter\n"
-    (tmp_path / "bare.md").write_text("no markers\n")
-    with pytest.raises(SystemExit, match="bare.md: the markers"):
-        replace_between(tmp_path / "bare.md", "<!-- s -->", "<!-- e -->", "x")
-    assert (tmp_path / "bare.md").read_text() == "no markers\n"

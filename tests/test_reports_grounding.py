@@ -1,12 +1,9 @@
-"""scripts/grounding_runs.py's rule for a new default (issue 71, point 3, fixed before its runs) and its probe table."""
+"""docs/grounding.md's tables (captioner/reports/grounding.py): the rule for a new default (issue 71, point 3, fixed
+before its runs) and the probe table."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # a script, not part of the package
-import grounding_runs  # noqa: E402
+from captioner.reports import grounding as grounding_runs
 
 
 def _row(cider: float, meteor: float, pointing: float, centre: float, inside: float) -> dict:
