@@ -25,7 +25,7 @@ PROBES = {
     "updown_probe_base": "as `flickr8k_updown_scst` (lr 1e-4, no XE term, mean baseline)",
     "updown_probe_lr": "lr 5e-5",
     "updown_probe_xe": "the 0.1 XE term",
-    "updown_probe_lr_xe": "lr 5e-5 and the 0.1 XE term (`_scst_steady`'s first epoch)",
+    "updown_probe_lr_xe": "lr 5e-5 and the 0.1 XE term (`updown_steady`'s first SCST epoch)",
     "updown_probe_greedy": "the greedy caption's reward as baseline",
     "updown_probe_temperature": "captions sampled at temperature 0.7 (softmax(logits / 0.7))",
 }
@@ -40,8 +40,8 @@ LABELS = {
 }
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
-                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (`_scst_steady*.yaml`)",
-                 "updown_tempered": "Up-Down, both SCST stages sampling at temperature 0.7 (`_scst_tempered*.yaml`)",
+                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (the study's `updown_steady`)",
+                 "updown_tempered": "Up-Down, both SCST stages sampling at temperature 0.7 (the study's `updown_tempered`)",
                  "soft_pointing_scst_more": "LSTM, that XE stage then both SCST stages with the mass term "
                                             "(`flickr8k_soft_pointing*.yaml`; issue 62)",
                  "soft_pointing_finetune": "LSTM, the shipped model then its second SCST stage again with the mass "
