@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench gpu-check gpu-check-offline gpu-check-offline-dry wheels clean-venv
+.PHONY: demo test test-fast bench tables gpu-check gpu-check-offline gpu-check-offline-dry wheels clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python scripts/bench.py
+
+# Every generated table of README, docs/ and the model cards, written again from the records (captioner/reports/)
+tables: $(STAMP)
+	$(VENV)/bin/captioner recipe report --write
 
 # The GPU check (docs/performance.md, "The GPU check"): scripts/gpu_check.sh, one shell command that needs no make, no
 # venv and no network, and takes at most 6 minutes on one GPU; these targets call it. Every figure goes to

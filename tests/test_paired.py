@@ -138,7 +138,11 @@ def test_box_figures_in_a_results_file_are_read_and_checked(tmp_path):
     path = _write(tmp_path / "a.json", {"p1": "a dog"}, good)
     assert read_photo_boxes(path) == good
     assert read_photo_boxes(_write(tmp_path / "plain.json", {"p1": "a dog"})) is None
+    # a lone word whose whole mass lies inside its boxes, summed in floating point (met in a real results file)
+    rounded = {"p1": {"words": 1, "pointing": 1, "centre": 1, "inside": 1.0000000000000002}}
+    assert read_photo_boxes(_write(tmp_path / "rounded.json", {"p1": "a dog"}, rounded)) == rounded
     for bad in ({"words": 1, "pointing": 2, "centre": 0, "inside": 0.5}, {"words": 1, "pointing": 0, "centre": 0},
-                {"words": 1, "pointing": -1, "centre": 0, "inside": 0}):
+                {"words": 1, "pointing": -1, "centre": 0, "inside": 0}, {"words": 2, "pointing": 0, "centre": 0,
+                                                                         "inside": 2.01}):
         with pytest.raises(ResultsError, match="bad.json"):
             read_photo_boxes(_write(tmp_path / "bad.json", {"p1": "a dog"}, {"p1": bad}))
