@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Sequence
 
 from captioner.atomic import write_text_atomic
+from captioner.reports.recipes import find_records, format_report
 from captioner.reports.records import RecordError
 from captioner.reports.sections import ROOT, ReportError, write_tables
-from captioner.training.recipe_runs import find_records, format_report, read_json, run_recipes
+from captioner.training.recipe_runs import read_json, run_recipes
 from captioner.training.recipes import EVALUATE, RecipeError, describe, load_recipes, plan, shipped_recipes
 
 

@@ -40,8 +40,10 @@ LABELS = {
 }
 RECIPE_LABELS = {"shipped_soft": "shipped `flickr8k_soft` (LSTM: XE, SCST, SCST, averaged)",
                  "updown": "Up-Down, the same recipe (`flickr8k_updown*.yaml`)",
-                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (the study's `updown_steady`)",
-                 "updown_tempered": "Up-Down, both SCST stages sampling at temperature 0.7 (the study's `updown_tempered`)",
+                 "updown_steady": "Up-Down, first SCST stage at lr 5e-5 with the 0.1 XE term (the study's "
+                                  "`updown_steady`)",
+                 "updown_tempered": "Up-Down, both SCST stages sampling at temperature 0.7 (the study's "
+                                    "`updown_tempered`)",
                  "soft_pointing_scst_more": "LSTM, that XE stage then both SCST stages with the mass term "
                                             "(`flickr8k_soft_pointing*.yaml`; issue 62)",
                  "soft_pointing_finetune": "LSTM, the shipped model then its second SCST stage again with the mass "

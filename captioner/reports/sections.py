@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # the modules that define tables (each a TABLES list of Section), in the order they are written
 TABLE_MODULES = ("captioner.reports.readme", "captioner.reports.family", "captioner.reports.grounding",
-                 "captioner.reports.options", "captioner.reports.cards", "captioner.reports.history")
+                 "captioner.reports.options", "captioner.reports.cards", "captioner.reports.history",
+                 "captioner.reports.rebuilds")
 
 
 class ReportError(ValueError):

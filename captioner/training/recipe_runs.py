@@ -17,7 +17,7 @@ run starts, and once the run ended, its run id (``run.json``), the command and t
 Then the last stage's weights are evaluated (`captioner evaluate --json`) and the recipe's record written: the
 scores and every figure the evaluation printed, each stage's command and wall time, the evaluation's, the CPU model,
 the commit and the date. A record that holds the same evaluation of the same weights is kept: a finished recipe run
-again does nothing, and says so. ``format_report`` makes the table of the records found.
+again does nothing, and says so. captioner/reports/recipes.py makes the table of the records found.
 
 Every command runs as a child process (``python -m captioner ...``, in the working folder), the same command a
 person would type; a SIGTERM or SIGUSR1 (a scheduler's preemption notice) is passed on to the child, which saves
@@ -564,45 +564,6 @@ def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -
             "evaluation": {"command": inputs["command"], "wall_s": wall_s, "inputs": inputs}, **extra,
             "provenance": {"date": _now(), "commit": commit(), "cpu": cpu_model(),
                            "python": platform.python_version()}}
-
-
-# --------------------------------------------------------------------------- the report
-
-
-REPORT_COLUMNS = ("recipe", "split", "beam", "BLEU-4", "METEOR", "CIDEr-D", "wall time", "date", "record")
-
-
-def find_records(paths: list[str] | None = None) -> list[Path]:
-    """The record files under ``paths`` (a record file, or a folder searched for record.json); none given: the
-    shipped recipes' record paths and runs/recipes/ under the working folder."""
-    found: list[Path] = []
-    if paths:
-        for text in paths:
-            path = Path(text)
-            if not path.exists():
-                raise RecipeError(f"{text}: no such record file or folder")
-            found += [path] if path.is_file() else sorted(path.rglob("record.json"))
-    else:
-        found += [Path(r.record) for f in shipped_recipes().values() for r in load_recipes(f)
-                  if r.variant is None]
-        found += sorted(Path("runs/recipes").glob("*/record.json"))
-    unique = {p.resolve(): p for p in found if p.is_file()}
-    return list(unique.values())
-
-
-def format_report(paths: list[Path]) -> str:
-    """A Markdown table, one row per record: the recipe, split, beam, BLEU-4, METEOR, CIDEr-D, wall time."""
-    lines = ["| " + " | ".join(REPORT_COLUMNS) + " |", "|" + "---|" * len(REPORT_COLUMNS)]
-    for path in paths:
-        record = read_json(path) or {}
-        scores = record.get("scores", {})
-        name = record.get("recipe", "?") + (f"/{record['variant']}" if record.get("variant") else "")
-        row = [name, str(record.get("split", "?")), str(record.get("beam_size", "?")),
-               _fmt(scores.get("BLEU-4")), _fmt(scores.get("METEOR")), _fmt(scores.get("CIDEr-D")),
-               format_duration(record["wall_s"]) if record.get("wall_s") is not None else "–",
-               str(record.get("provenance", {}).get("date", "?"))[:10], str(path)]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
 
 
 def _fmt(value: float | None) -> str:
