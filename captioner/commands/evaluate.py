@@ -124,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["split"] = split
     if ensemble:
         result["ensemble"] = model.ensemble
+    else:
+        result["parameters"] = _parameter_count(model)
     try:
         if args.out:
             write_text_atomic(args.out, json.dumps(result, indent=2))
@@ -144,3 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"captioner evaluate: {write_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _parameter_count(model) -> int:
+    """The model's parameters outside the encoder's pretrained CNN (frozen unless fine-tuned, and the same in every
+    model on one encoder): the attention, decoder and projections a variant's size differs by."""
+    backbone = getattr(model.encoder, "backbone", None)  # an encoder on cached grids may hold none
+    skip = {id(p) for p in backbone.parameters()} if backbone is not None else set()
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)

@@ -193,7 +193,6 @@ def evaluate_model(
         "grounding_words_images": grounding.images,
         **({"boxes": boxes, PER_PHOTO_BOXES: boxes.pop(PER_PHOTO_BOXES)} if boxes is not None else {}),
         "n_images": len(records),
-        "parameters": parameter_count(model),
         "grids": "feature cache" if cache is not None else "images",
         "jpeg_quality": jpeg_quality,
         "beam_size": options.beam,
@@ -206,14 +205,6 @@ def evaluate_model(
         "attention_mode": options.attention_mode,
         "predictions": predictions,
     }
-
-
-def parameter_count(model) -> int:
-    """The model's parameters outside the encoder's pretrained CNN (frozen unless fine-tuned, and the same in every
-    model on one encoder): the attention, decoder and projections a variant's size differs by."""
-    backbone = getattr(model.encoder, "backbone", None)
-    skip = {id(p) for p in backbone.parameters()} if backbone is not None else set()
-    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
 @torch.no_grad()
