@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.training.recipe_runs import read_json
+from captioner.training.recipe_runs import read_json, score_text
 from captioner.training.recipes import RecipeError, format_duration, load_recipes, shipped_recipes
 
 REPORT_COLUMNS = ("recipe", "split", "beam", "BLEU-4", "METEOR", "CIDEr-D", "wall time", "date", "record")
@@ -37,12 +37,8 @@ def format_report(paths: list[Path]) -> str:
         scores = record.get("scores", {})
         name = record.get("recipe", "?") + (f"/{record['variant']}" if record.get("variant") else "")
         row = [name, str(record.get("split", "?")), str(record.get("beam_size", "?")),
-               _fmt(scores.get("BLEU-4")), _fmt(scores.get("METEOR")), _fmt(scores.get("CIDEr-D")),
+               *(score_text(scores.get(metric)) for metric in ("BLEU-4", "METEOR", "CIDEr-D")),
                format_duration(record["wall_s"]) if record.get("wall_s") is not None else "–",
                str(record.get("provenance", {}).get("date", "?"))[:10], str(path)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"

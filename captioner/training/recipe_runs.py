@@ -486,8 +486,8 @@ def _evaluate(run: _Run) -> int:
     record_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(record_path, json.dumps(record, indent=1) + "\n")
     s = result.get("scores", {})
-    run.tell(f"done: {result.get('split')} beam {result.get('beam_size')}: BLEU-4 {_fmt(s.get('BLEU-4'))}, METEOR "
-             f"{_fmt(s.get('METEOR'))}, CIDEr-D {_fmt(s.get('CIDEr-D'))}; stages and evaluation "
+    run.tell(f"done: {result.get('split')} beam {result.get('beam_size')}: BLEU-4 {score_text(s.get('BLEU-4'))}, "
+             f"METEOR {score_text(s.get('METEOR'))}, CIDEr-D {score_text(s.get('CIDEr-D'))}; stages and evaluation "
              f"{format_duration(record['wall_s'])}; record {record_path}")
     return 0
 
@@ -527,7 +527,7 @@ def _paired(run: _Run, tokenizer: str) -> dict:
     from captioner.evaluation.paired import compare_files
 
     recipe = run.recipe
-    default = next(r for r in load_recipes(recipe.path, [recipe.evaluation.default]))
+    (default,) = load_recipes(recipe.path, [recipe.evaluation.default])
     a, b = results_file(default, GVD_BEAMS[0]), results_file(recipe, GVD_BEAMS[0])
     if not a.is_file():
         raise RecipeError(f"{a}: the default variant's results file is missing; run `captioner recipe run "
@@ -566,5 +566,6 @@ def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -
                            "python": platform.python_version()}}
 
 
-def _fmt(value: float | None) -> str:
+def score_text(value: float | None) -> str:
+    """A score to two decimals, "–" where the evaluation gave none (METEOR skipped)."""
     return "–" if value is None else f"{value:.2f}"
