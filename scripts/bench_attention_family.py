@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pointer-lengths", default="5,10,20")
     args = parser.parse_args(argv)
     from captioner.atomic import write_text_atomic
-    from captioner.training.recipe_runs import cpu_model
+    from captioner.training.provenance import cpu_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

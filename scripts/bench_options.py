@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,16 +30,9 @@ from captioner.models.decoders import DECODERS  # noqa: E402
 from captioner.models.decoders.registry import build_decoder  # noqa: E402
 from captioner.models.decoders.updown import UpDownDecoder  # noqa: E402
 from captioner.training.losses import soft_attention_loss  # noqa: E402
+from captioner.training.provenance import cpu_model  # noqa: E402
 
 B, L, D, T, V = 64, 49, 1280, 14, 2600
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def matmul_gflops(n: int = 5) -> float:
@@ -105,7 +96,7 @@ def main() -> None:
             times[name].append(step())
     rows = {name: {"step_s": statistics.median(t),
                    "vs_xe": statistics.median(a / b for a, b in zip(t, times["xe"]))} for name, t in times.items()}
-    result = {"cpu": cpu_name(), "threads": args.threads, "matmul_gflops": matmul_gflops(), "rounds": args.rounds,
+    result = {"cpu": cpu_model(), "threads": args.threads, "matmul_gflops": matmul_gflops(), "rounds": args.rounds,
               "shape": {"batch": B, "grid": L, "D": D, "tokens": T, "V": V}, "variants": rows}
     if args.json:
         print(json.dumps(result, indent=2))

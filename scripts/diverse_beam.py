@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-from bench_options import cpu_name  # scripts/ is on sys.path when a script runs
 from tqdm import tqdm
 
 from captioner.api import load_captioner
@@ -25,6 +24,7 @@ from captioner.data.datasets import load_records
 from captioner.evaluation.diversity import nbest_diversity
 from captioner.evaluation.metrics import caption_scores
 from captioner.evaluation.split import _grid_batches, cached_grids
+from captioner.training.provenance import cpu_model
 
 
 def decode_nbest(model, records, options, cache, batch_size: int) -> dict[str, list[str]]:
@@ -72,7 +72,7 @@ def main() -> None:
     for lam in args.diversity:
         rows.append(measure(model, records, base.replace_given(beam_groups=args.groups, diversity=lam), cache,
                             batch_size))
-    result = {"model": args.model, "split": args.split, "images": len(records), "cpu": cpu_name(), "rows": rows}
+    result = {"model": args.model, "split": args.split, "images": len(records), "cpu": cpu_model(), "rows": rows}
     for row in rows:
         s = row["top_scores"]
         print(f"groups {row['beam_groups']} lambda {row['diversity']}: distinct captions "

@@ -33,6 +33,13 @@ DEFAULT_CHAIN = [
     "captioner train --config flickr8k_soft_scst_more --init runs/flickr8k_soft_scst",
     "captioner evaluate --checkpoint runs/flickr8k_soft_scst_more/averaged.pt --split val --beam 3 --json",
 ]
+# the evaluation keeps its captions, and the shipped file is evaluated alike for the paired intervals
+RESULTS = "runs/recipes/flickr8k_soft/results"
+DEFAULT_EVALUATION = [
+    f"captioner evaluate --checkpoint runs/flickr8k_soft_scst_more/averaged.pt --split val --beam 3 --results-file "
+    f"{RESULTS}/flickr8k_soft.beam3.json --json",
+    f"captioner evaluate --checkpoint flickr8k_soft --split val --beam 3 --results-file {RESULTS}/compared.beam3.json "
+    "--json"]
 
 
 def _commands(out: str) -> list[str]:
@@ -44,7 +51,8 @@ def test_the_default_dry_run_prints_todays_chain_from_any_folder(tmp_path, monke
     monkeypatch.chdir(tmp_path)  # no data, no runs: a dry run needs neither
     assert cli(["recipe", "run", "flickr8k_soft", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert _commands(out) == DEFAULT_CHAIN
+    assert _commands(out) == DEFAULT_CHAIN[:3] + DEFAULT_EVALUATION
+    assert DEFAULT_EVALUATION[0].replace(f" --results-file {RESULTS}/flickr8k_soft.beam3.json", "") == DEFAULT_CHAIN[3]
     assert "budget 1 h 0 min (train.time_budget_s)" in out and "budget 56 min 40 s" in out
     assert list(tmp_path.iterdir()) == []  # nothing written
 
@@ -112,6 +120,8 @@ def _write(path: Path, data: dict) -> Path:
     ({"stages": [{"config": "smoke"}], "evaluate": {"split": "dev"}}, "evaluate.split: expected one of train, val"),
     ({"stages": [{"config": "smoke"}], "evaluate": {"beams": 3}}, "evaluate: unknown key 'beams' (valid: split, beam"),
     ({"stages": [{"config": "smoke", "average_last": -1}]}, "stages[0].average_last"),
+    ({"stages": [{"config": "smoke"}], "evaluate": {"compare": ""}}, "evaluate.compare: expected a model's name or "
+                                                                     "path"),
 ])
 def test_a_malformed_recipe_is_named_with_its_file_and_key(tmp_path, data, expected):
     path = _write(tmp_path / "bad.yaml", data)
@@ -243,6 +253,7 @@ def _smoke_recipe(folder: Path) -> Path:
     for stage in data["stages"]:
         stage["set"]["train.run_dir"] = f"runs/recipes/smoke_resume/{stage['name']}"
     data["stages"][1]["set"]["train.epochs"] = 4
+    data["evaluate"]["compare"] = "runs/recipes/smoke_resume/xe"
     del data["record"]  # the default: runs/recipes/smoke_resume/record.json
     return _write(folder / "smoke_resume.yaml", data)
 
@@ -299,6 +310,15 @@ def test_a_smoke_recipe_end_to_end_resumes_and_records(tmp_path, monkeypatch, ca
     assert record["evaluate_command"].startswith("captioner evaluate --checkpoint "
                                                  "runs/recipes/smoke_resume/scst/averaged.pt --split val --beam 2")
     assert [e["epoch"] for e in record["last_stage_epochs"]] == [1, 2, 3, 4]
+    # the first stage's weights evaluated alike (evaluate.compare), and the paired intervals from both results files
+    compared, paired = record["compared"], record["compared"]["paired"]
+    assert compared["model"] == "runs/recipes/smoke_resume/xe" and "--checkpoint runs/recipes/smoke_resume/xe " in \
+        compared["command"] and compared["n_images"] == record["n_images"]
+    assert paired["CIDEr-D"]["B"] == pytest.approx(record["scores"]["CIDEr-D"], abs=1e-6)
+    assert paired["CIDEr-D"]["A"] == pytest.approx(compared["result"]["scores"]["CIDEr-D"], abs=1e-6)
+    assert paired["CIDEr-D"]["difference"] == pytest.approx(paired["CIDEr-D"]["B"] - paired["CIDEr-D"]["A"])
+    assert paired["CIDEr-D"]["low"] <= paired["CIDEr-D"]["difference"] <= paired["CIDEr-D"]["high"]
+    assert Path(compared["A"]).is_file() and Path(compared["B"]).is_file() and compared["A"] != compared["B"]
     provenance = record["provenance"]
     assert provenance["cpu"] and provenance["date"] and "commit" in provenance and record["wall_s"] > 0
 
@@ -320,7 +340,7 @@ def test_a_smoke_recipe_end_to_end_resumes_and_records(tmp_path, monkeypatch, ca
     assert json.loads(scst.stage.read_text())["inputs"]["config"]["train"]["lr"] == 0.002
     assert list(scst.root.glob("previous-*"))  # the earlier run moved aside by training, not mixed in
     assert cli(["recipe", "run", str(path), "--dry-run"]) == 0  # new weights: the evaluation is due again
-    assert _commands(capsys.readouterr().out) == [record["evaluation"]["command"]]
+    assert _commands(capsys.readouterr().out) == [record["evaluation"]["command"], compared["command"]]
 
 
 def test_the_recipes_ship_with_the_package():

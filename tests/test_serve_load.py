@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import io
 import os
-import platform
 import re
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from corpus import giant_16bit_png  # noqa: E402
 from upload_client import Answer, multipart, post  # noqa: E402
 
 from captioner.demo import sample_photo  # noqa: E402
+from captioner.training.provenance import cpu_model  # noqa: E402
 
 CLIENTS = 64
 MAX_ATTEMPTS = 4  # per client: the first try and three after a 503
@@ -163,14 +163,6 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return re.search(r"Model name:\s*(.+)", out).group(1).strip()
-    except (OSError, subprocess.SubprocessError, AttributeError):
-        return platform.processor() or platform.machine()
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="measures the server's memory through /proc")
 def test_serve_under_64_concurrent_hostile_clients(tmp_path, capsys):
@@ -211,7 +203,7 @@ def test_serve_under_64_concurrent_hostile_clients(tmp_path, capsys):
               + ", ".join(f"{code}: {n}" for code, n in sorted(by_status.items()))
               + f"; server peak memory {sampler.peak_kb / 1024:.0f} MB under load ({hwm_mb:.0f} MB high-water "
               f"mark, start-up included); good requests answered 200: {len(good)}, latency p50 "
-              f"{_percentile(good, 50):.2f} s, p95 {_percentile(good, 95):.2f} s; CPU: {_cpu_model()}, "
+              f"{_percentile(good, 50):.2f} s, p95 {_percentile(good, 95):.2f} s; CPU: {cpu_model()}, "
               f"{os.cpu_count()} cores")
     _check_answers(answers, captions)
     assert len(good) >= 3, f"too few good photos were captioned under load: {by_status}"

@@ -1,13 +1,14 @@
 """docs/results.md's table of shipped models rebuilt by their recipes (``captioner recipe run NAME``), from the
-records in docs/results/rebuilds/NAME.json: each rebuild's scores beside the shipped file's, with the paired interval
-of the difference (``captioner score --compare``, from both beam-3 results files), where and how long it ran."""
+records in docs/results/rebuilds/NAME.json (each the recipe's record, runs/recipes/NAME/record.json, as the run wrote
+it): each rebuild's scores beside the shipped file's, both measured by that run (the recipe's ``evaluate.compare``),
+with the paired interval of the difference, where and how long it ran."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from captioner.evaluation.paired import interval_text
-from captioner.reports.records import read_record, read_rows
+from captioner.reports.records import read_rows
 from captioner.reports.sections import Section
 from captioner.training.recipes import format_duration
 
@@ -20,8 +21,8 @@ def format_rebuilds(root: Path) -> str:
     lines = ["| recipe | rebuilt: BLEU-4 / METEOR / CIDEr-D | shipped file | CIDEr-D rebuilt − shipped, paired 95 % "
              "| pointing − centre, the same | stages + evaluation | CPU, commit, date |", "|---" * 7 + "|"]
     for record in read_rows(root / FOLDER).values():
-        paired, provenance = record["vs_shipped"]["metrics"], record["provenance"]
-        shipped = read_record(root / record["vs_shipped"]["shipped_record"])
+        compared, provenance = record["compared"], record["provenance"]
+        paired, shipped = compared["paired"], compared["result"]
         lines.append(
             f"| `captioner recipe run {record['recipe']}` | {_scores(record)} | {_scores(shipped)} | "
             f"{interval_text(paired['CIDEr-D'], 2)} | "

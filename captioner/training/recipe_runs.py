@@ -26,7 +26,6 @@ and stops as training does (training/preemption.py), and the recipe exits with t
 
 from __future__ import annotations
 
-import datetime
 import json
 import platform
 import shlex
@@ -44,6 +43,7 @@ import yaml
 from captioner.atomic import write_text_atomic
 from captioner.config import config_to_dict
 from captioner.store.hub import sha256_of
+from captioner.training.provenance import commit, cpu_model, now
 from captioner.training.recipes import (
     EVALUATE,
     GVD_BEAMS,
@@ -61,7 +61,6 @@ from captioner.training.recipes import (
 )
 
 FORWARDED_SIGNALS = ("SIGTERM", "SIGUSR1")  # what training saves and stops on (training/preemption.py)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout the package runs from: its commit
 MAX_CHANGES_SHOWN = 12
 
 
@@ -212,41 +211,6 @@ def run_child(argv: tuple[str, ...] | list[str], capture: bool = False) -> Child
     return Child(code, out or "", time.monotonic() - started, received[0] if received else None)
 
 
-# --------------------------------------------------------------------------- the record's machine fields
-
-
-def cpu_model() -> str:
-    """The CPU's model name (lscpu's "Model name"), else what the platform says."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
-                             env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for line in out.splitlines():
-        if line.strip().startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def commit() -> str | None:
-    """The checkout's commit (git rev-parse HEAD), with "+changes" when its tracked files differ from it; None
-    outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=20)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+changes" if dirty else "")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
-
-
 # --------------------------------------------------------------------------- running a recipe
 
 
@@ -394,14 +358,14 @@ def _run_stage(run: _Run, p: PlannedStage) -> int:
              + _later_budgets(run, p))
     run.tell(command_line(argv))
     record = {"stage": p.name, "recipe": str(run.recipe.path), "command": command_line(p.argv), "inputs": inputs,
-              "started": _now(), "wall_s": (state.record or {}).get("wall_s", 0.0) if resume else 0.0,
+              "started": now(), "wall_s": (state.record or {}).get("wall_s", 0.0) if resume else 0.0,
               "sessions": ((state.record or {}).get("sessions", []) if resume else [])}
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
     child = run_child(argv)
     record["wall_s"] += child.wall_s
     record["sessions"].append({"command": command_line(argv), "wall_s": child.wall_s, "exit": child.code})
     if child.code == 0:
-        record.update(finished=_now(), run_id=(read_json(p.run.run_file) or {}).get("run_id"))
+        record.update(finished=now(), run_id=(read_json(p.run.run_file) or {}).get("run_id"))
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
     if child.code:
         why = f"stopped by {signal.Signals(child.signal).name}" if child.signal else f"failed (exit {child.code})"
@@ -444,14 +408,19 @@ def _later_budgets(run: _Run, p: PlannedStage) -> str:
 
 def _evaluate(run: _Run) -> int:
     """The evaluation of the last stage's weights (``evaluate.gvd``: and at GVD's beams, with results files; with
-    ``evaluate.default``: the paired intervals against that variant) and the recipe's record; skipped when the
-    record holds the same evaluation of the same weights (nothing to do)."""
+    ``evaluate.default``: the paired intervals against that variant; with ``evaluate.compare``: that model evaluated
+    alike, and the paired intervals against it) and the recipe's record; skipped when the record holds the same
+    evaluation of the same weights (nothing to do)."""
     recipe = run.recipe
     weights = evaluated_weights(recipe, run.planned)
     argv = evaluation_argv(recipe, weights)
+    compare_argv = evaluation_argv(recipe, weights, compared=True) if recipe.evaluation.compare else None
     record_path = Path(recipe.record)
     # what the evaluation reads: the command and the weights (their digest: stages trained in this call changed them)
     inputs = {"command": command_line(argv), "weights": weights_identity(weights)}
+    if compare_argv is not None:
+        inputs["compare"] = {"command": command_line(compare_argv),
+                             "weights": weights_identity(recipe.evaluation.compare)}
     recorded = (read_json(record_path) or {}).get("evaluation", {}).get("inputs") == inputs
     if recorded and not run.trained and run.redo_from > len(run.planned) + 1:
         run.tell(f"every stage done and evaluated ({record_path}): nothing to do")
@@ -459,10 +428,13 @@ def _evaluate(run: _Run) -> int:
     gvd_argv = [evaluation_argv(recipe, weights, beam) for beam in (GVD_BEAMS if recipe.evaluation.gvd else ())]
     if run.dry_run:
         what = "the last stage's weights" if run.planned else weights
-        run.tell(f"{EVALUATE}: {what}, then the record {record_path}")
-        for line in (argv, *gvd_argv):
+        alike = f", and {recipe.evaluation.compare} alike for the paired intervals" if compare_argv else ""
+        run.tell(f"{EVALUATE}: {what}{alike}, then the record {record_path}")
+        for line in (argv, *gvd_argv, *([compare_argv] if compare_argv else [])):
             run.say(command_line(line))
         return 0
+    if compare_argv is not None:
+        recipe.results_dir.mkdir(parents=True, exist_ok=True)
     run.tell(f"{EVALUATE}: {command_line(argv)}")
     child = run_child(argv, capture=True)
     result = _evaluation_json(run, child)
@@ -481,14 +453,25 @@ def _evaluate(run: _Run) -> int:
             extra["gvd"][f"beam{beam}"] = {**gvd_figures(figures), "command": command_line(line),
                                            "wall_s": gvd_child.wall_s}
     if recipe.evaluation.default is not None and recipe.evaluation.default != recipe.variant:
-        extra["vs_default"] = _paired(run, result["tokenizer"])
+        extra["vs_default"] = _vs_default(run, result["tokenizer"])
+    if compare_argv is not None:
+        compared = _compared(run, compare_argv, result["tokenizer"])
+        if isinstance(compared, int):
+            return compared
+        extra["compared"] = compared
     record = _record(run, result, inputs, child.wall_s, extra)
     record_path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(record_path, json.dumps(record, indent=1) + "\n")
     s = result.get("scores", {})
+    against = ""
+    if "compared" in extra:
+        from captioner.evaluation.paired import interval_text
+
+        against = (f" (− {recipe.evaluation.compare}, paired 95 %: "
+                   f"{interval_text(extra['compared']['paired']['CIDEr-D'])})")
     run.tell(f"done: {result.get('split')} beam {result.get('beam_size')}: BLEU-4 {score_text(s.get('BLEU-4'))}, "
-             f"METEOR {score_text(s.get('METEOR'))}, CIDEr-D {score_text(s.get('CIDEr-D'))}; stages and evaluation "
-             f"{format_duration(record['wall_s'])}; record {record_path}")
+             f"METEOR {score_text(s.get('METEOR'))}, CIDEr-D {score_text(s.get('CIDEr-D'))}{against}; stages and "
+             f"evaluation {format_duration(record['wall_s'])}; record {record_path}")
     return 0
 
 
@@ -521,24 +504,45 @@ def gvd_figures(result: dict) -> dict:
             "baselines": {m: pick(b) for m, b in loc.get("baselines", {}).items()} if loc else None}
 
 
-def _paired(run: _Run, tokenizer: str) -> dict:
-    """Every metric's paired bootstrap interval against the study's default variant (evaluation/paired.py), from
-    the two beam-3 results files, tokenized as the evaluation was."""
-    from captioner.evaluation.paired import compare_files
-
+def _vs_default(run: _Run, tokenizer: str) -> dict:
+    """``evaluate.default``: every metric's paired interval against the study's default variant, from the two beam-3
+    results files."""
     recipe = run.recipe
     (default,) = load_recipes(recipe.path, [recipe.evaluation.default])
-    a, b = results_file(default, GVD_BEAMS[0]), results_file(recipe, GVD_BEAMS[0])
+    a = results_file(default, GVD_BEAMS[0])
     if not a.is_file():
         raise RecipeError(f"{a}: the default variant's results file is missing; run `captioner recipe run "
                           f"{run.recipe_argument.split(' --variant ')[0]} --variant {default.variant}` first")
+    return _paired(run, a, results_file(recipe, GVD_BEAMS[0]), tokenizer)["metrics"]
+
+
+def _compared(run: _Run, argv: tuple[str, ...], tokenizer: str) -> dict | int:
+    """``evaluate.compare``: that model evaluated alike (``argv``), and every metric's paired interval of the
+    recipe's results file against its; the exit code where its evaluation failed."""
+    e = run.recipe.evaluation
+    run.tell(f"{EVALUATE}: {e.compare} alike, for the paired intervals: {command_line(argv)}")
+    child = run_child(argv, capture=True)
+    result = _evaluation_json(run, child)
+    if result is None:
+        return child.code or 1
+    paired = _paired(run, results_file(run.recipe, e.beam, compared=True), results_file(run.recipe, e.beam), tokenizer)
+    return {"model": e.compare, "command": command_line(argv), "wall_s": child.wall_s, "result": result,
+            **{k: paired[k] for k in ("A", "B", "references", "n_images", "resamples", "seed")},
+            "paired": paired["metrics"]}
+
+
+def _paired(run: _Run, a: Path, b: Path, tokenizer: str) -> dict:
+    """Every metric's paired bootstrap interval of results file ``b`` against ``a`` (evaluation/paired.py: the
+    comparison, its ``metrics`` each B − A), tokenized as the evaluation was."""
+    from captioner.evaluation.paired import compare_files
+
+    recipe = run.recipe
     references = recipe.evaluation.references or (run.planned[-1].cfg.data.captions if run.planned else None)
     if not references:
         raise RecipeError(f"{recipe.path}: variant {recipe.variant}: the paired intervals need the references: "
                           f"{EVALUATE}.references (a recipe without stages has no data.captions to read)")
-    compared = compare_files(a, b, Path(references), split=recipe.evaluation.split, tokenizer=tokenizer,
-                             meteor=recipe.evaluation.meteor)
-    return compared["metrics"]
+    return compare_files(a, b, Path(references), split=recipe.evaluation.split, tokenizer=tokenizer,
+                         meteor=recipe.evaluation.meteor)
 
 
 def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -> dict:
@@ -562,7 +566,7 @@ def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -
             "train_wall_s": train_s, "evaluate_wall_s": wall_s, "wall_s": train_s + wall_s,
             "last_stage_epochs": epochs, "stages": stages,
             "evaluation": {"command": inputs["command"], "wall_s": wall_s, "inputs": inputs}, **extra,
-            "provenance": {"date": _now(), "commit": commit(), "cpu": cpu_model(),
+            "provenance": {"date": now(), "commit": commit(), "cpu": cpu_model(),
                            "python": platform.python_version()}}
 
 

@@ -15,7 +15,8 @@ and where the record of that evaluation goes::
         set: {train.lr: 1.0e-4}          # optional: each key=value a --set of `captioner train`
         average_last: 2                  # optional: averaged.pt, the mean of its last 2 epochs (what comes next reads)
     evaluate: {split: val, beam: 3, attention_mode: argmax, mirror_check: true,
-               entities: data/flickr8k/flickr30k_entities, meteor: true}   # all optional; EVALUATION_DEFAULTS
+               entities: data/flickr8k/flickr30k_entities, meteor: true,     # all optional; EVALUATION_DEFAULTS
+               compare: flickr8k_soft}   # also evaluates this model alike: the record gives the paired intervals
     record: runs/recipes/NAME/record.json   # optional (this is the default)
 
 A study is a recipe file with ``variants``: the runs of one table (the attention family, the grounding runs, the
@@ -96,7 +97,10 @@ class Evaluation:
     stages evaluates (a shipped model's name or a path). ``gvd``: GVD's exact figures too, at beam 3 and beam 1
     (GVD decodes with 1), each evaluation writing its per-photo results file (needs ``entities``). ``default``: the
     variant of the same study whose beam-3 results file the paired intervals compare against (needs ``gvd`` on
-    both), with ``references`` the captions file they score against (None: the last stage's ``data.captions``)."""
+    both), with ``references`` the captions file they score against (None: the last stage's ``data.captions``).
+    ``compare``: a model (a shipped name or a path) evaluated with the same arguments, both evaluations writing their
+    per-photo results files, the record keeping its figures and the paired intervals (this recipe's − its): what a
+    shipped model's recipe compares its rebuild with."""
 
     split: str = "val"
     beam: int = 3
@@ -108,6 +112,7 @@ class Evaluation:
     gvd: bool = False
     default: str | None = None
     references: str | None = None
+    compare: str | None = None
 
 
 EVALUATION_DEFAULTS = Evaluation()
@@ -321,13 +326,15 @@ def _read_evaluation(where: _Where, data: Any, what: str) -> Evaluation:
               "gvd": isinstance(evaluation.gvd, bool) and (not evaluation.gvd or evaluation.entities),
               "default": evaluation.default is None or isinstance(evaluation.default, str) and evaluation.gvd,
               "references": evaluation.references is None or isinstance(evaluation.references, str)
-              and evaluation.references}
+              and evaluation.references,
+              "compare": evaluation.compare is None or isinstance(evaluation.compare, str) and evaluation.compare}
     expected = {"split": f"one of {', '.join(SPLITS)}", "beam": "a beam width of 1 or more",
                 "attention_mode": f"one of {', '.join(DECODING_MODES)} (or none: the model's)",
                 "mirror_check": "true or false", "entities": "a Flickr30k Entities folder", "meteor": "true or false",
                 "model": "a model's name or path", "gvd": "true or false (true needs entities: the boxes)",
                 "default": "a variant's name (and gvd: true, whose results files the intervals read)",
-                "references": "a captions file (the data set's, e.g. data/flickr8k/dataset_flickr8k.json)"}
+                "references": "a captions file (the data set's, e.g. data/flickr8k/dataset_flickr8k.json)",
+                "compare": "a model's name or path (the shipped model a recipe rebuilds)"}
     for key, ok in checks.items():
         if not ok:
             raise RecipeError(f"{where.path}: {what}.{key}: expected {expected[key]}, got "
@@ -443,22 +450,27 @@ def evaluated_weights(recipe: Recipe, planned: list[PlannedStage]) -> str:
 GVD_BEAMS = (3, 1)  # evaluate.gvd's beams: the reported one, and GVD's own
 
 
-def results_file(recipe: Recipe, beam: int) -> Path:
-    """The per-photo results file of a study variant's evaluation at ``beam`` (``evaluate.gvd``)."""
-    return recipe.results_dir / f"{recipe.variant or recipe.name}.beam{beam}.json"
+def results_file(recipe: Recipe, beam: int, compared: bool = False) -> Path:
+    """The per-photo results file of a recipe's evaluation at ``beam`` (``evaluate.gvd``, ``evaluate.compare``);
+    ``compared``: the compared model's."""
+    return recipe.results_dir / f"{'compared' if compared else recipe.variant or recipe.name}.beam{beam}.json"
 
 
-def evaluation_argv(recipe: Recipe, weights: str, gvd_beam: int | None = None) -> tuple[str, ...]:
-    """``captioner evaluate``'s arguments for the recipe's evaluation of ``weights`` (its JSON on stdout);
-    ``gvd_beam``: one of ``evaluate.gvd``'s evaluations instead, at that beam with its results file and no mirror
-    check."""
+def evaluation_argv(recipe: Recipe, weights: str, gvd_beam: int | None = None,
+                    compared: bool = False) -> tuple[str, ...]:
+    """``captioner evaluate``'s arguments for the recipe's evaluation of ``weights`` (its JSON on stdout), with its
+    results file where ``evaluate.compare`` reads it; ``gvd_beam``: one of ``evaluate.gvd``'s evaluations instead, at
+    that beam with its results file and no mirror check; ``compared``: ``evaluate.compare``'s model instead of
+    ``weights``, evaluated alike."""
     e = recipe.evaluation
     beam = e.beam if gvd_beam is None else gvd_beam
-    return ("evaluate", "--checkpoint", weights, "--split", e.split, "--beam", str(beam),
+    results = (results_file(recipe, gvd_beam) if gvd_beam is not None
+               else results_file(recipe, beam, compared) if e.compare else None)
+    return ("evaluate", "--checkpoint", e.compare if compared else weights, "--split", e.split, "--beam", str(beam),
             *(("--attention-mode", e.attention_mode) if e.attention_mode else ()),
             *(("--mirror-check",) if e.mirror_check and gvd_beam is None else ()),
             *(("--entities", e.entities) if e.entities else ()),
-            *(("--results-file", str(results_file(recipe, gvd_beam))) if gvd_beam is not None else ()),
+            *(("--results-file", str(results)) if results is not None else ()),
             *(() if e.meteor else ("--no-meteor",)), "--json")
 
 
@@ -500,5 +512,8 @@ def describe(recipe: Recipe, planned: list[PlannedStage]) -> str:
                 for beam in (GVD_BEAMS if recipe.evaluation.gvd else ())],
               *([f"  paired   against variant {recipe.evaluation.default!r} (its beam-3 results file)"]
                 if recipe.evaluation.default else []),
+              *([f"  compare  {command_line(evaluation_argv(recipe, weights, compared=True))}",
+                 f"  paired   against {recipe.evaluation.compare} (both results files)"]
+                if recipe.evaluation.compare else []),
               f"record     {recipe.record}"]
     return "\n".join(lines)
