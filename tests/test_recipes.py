@@ -293,6 +293,7 @@ def test_a_smoke_recipe_end_to_end_resumes_and_records(tmp_path, monkeypatch, ca
     assert code == 1 and "stage 2/2 scst: stopped by SIGTERM" in out
     stage = json.loads(scst.stage.read_text())
     assert "finished" not in stage and scst.last.is_file() and stage["sessions"][0]["exit"] == 1
+    assert "commit" in stage["sessions"][0]  # which code ran each session (None outside a git checkout)
 
     assert cli(["recipe", "run", str(path)]) == 0
     out = capsys.readouterr().out
@@ -305,6 +306,8 @@ def test_a_smoke_recipe_end_to_end_resumes_and_records(tmp_path, monkeypatch, ca
     assert record["split"] == "val" and record["beam_size"] == 2 and record["parameters"] > 0
     assert record["scores"]["CIDEr-D"] is not None and "mirror_follow" in record
     assert [s["name"] for s in record["stages"]] == ["xe", "scst"] and record["stages"][1]["sessions"] == 2
+    assert record["stages"][1]["commits"] == ([record["provenance"]["commit"]] if record["provenance"]["commit"]
+                                              else [])  # both sessions and the evaluation ran this checkout
     assert record["stages"][1]["command"].endswith("--init runs/recipes/smoke_resume/xe")
     assert record["train_commands"] == [s["command"] for s in record["stages"]]
     assert record["evaluate_command"].startswith("captioner evaluate --checkpoint "

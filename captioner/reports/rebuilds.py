@@ -17,9 +17,10 @@ FOLDER = "docs/results/rebuilds"
 
 def format_rebuilds(root: Path) -> str:
     """One row per rebuild: the recipe, BLEU-4 / METEOR / CIDEr-D of the rebuild and of the shipped file, the paired
-    CIDEr-D difference, the stages' and the evaluation's wall time, the CPU, the commit and the date."""
+    CIDEr-D difference, the stages' and the evaluation's wall time, the CPU, the evaluation's commit and the date."""
     lines = ["| recipe | rebuilt: BLEU-4 / METEOR / CIDEr-D | shipped file | CIDEr-D rebuilt − shipped, paired 95 % "
-             "| pointing − centre, the same | stages + evaluation | CPU, commit, date |", "|---" * 7 + "|"]
+             "| pointing − centre, the same | stages + evaluation | CPU, the evaluation's commit, date |",
+             "|---" * 7 + "|"]
     for record in read_rows(root / FOLDER).values():
         compared, provenance = record["compared"], record["provenance"]
         paired, shipped = compared["paired"], compared["result"]

@@ -363,7 +363,8 @@ def _run_stage(run: _Run, p: PlannedStage) -> int:
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
     child = run_child(argv)
     record["wall_s"] += child.wall_s
-    record["sessions"].append({"command": command_line(argv), "wall_s": child.wall_s, "exit": child.code})
+    record["sessions"].append({"command": command_line(argv), "wall_s": child.wall_s, "exit": child.code,
+                               "commit": commit()})
     if child.code == 0:
         record.update(finished=now(), run_id=(read_json(p.run.run_file) or {}).get("run_id"))
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
@@ -554,6 +555,7 @@ def _record(run: _Run, result: dict, inputs: dict, wall_s: float, extra: dict) -
         stages.append({"name": p.name, "command": stage.get("command", command_line(p.argv)),
                        "run_dir": str(p.run), "weights": p.weights, "wall_s": stage.get("wall_s"),
                        "sessions": len(stage.get("sessions", [])), "finished": stage.get("finished"),
+                       "commits": sorted({c for s in stage.get("sessions", []) if (c := s.get("commit"))}),
                        "run_id": stage.get("run_id")})
     train_s = sum(s["wall_s"] or 0.0 for s in stages)
     epochs = []
