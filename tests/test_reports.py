@@ -79,3 +79,22 @@ def test_the_report_command_checks_and_names_what_differs(capsys):
     assert "every generated table matches its records" in capsys.readouterr().out
     assert main(["report", "--check", "--table", "nope"]) == 1
     assert "no generated table is named nope" in capsys.readouterr().err
+
+
+def test_every_shipped_model_has_a_rebuild_record_that_evaluated_the_file_that_ships():
+    """Each model in captioner/pretrained/ was rebuilt by its recipe, and the record's other side is the shipped file
+    itself: the run's evaluation of it gives the very scores its config.json was exported with."""
+    from captioner.reports.rebuilds import FOLDER
+
+    shipped = sorted(p.name for p in (ROOT / "captioner" / "pretrained").iterdir() if (p / "config.json").is_file())
+    assert shipped, "no shipped model folders found"
+    for name in shipped:
+        path = ROOT / FOLDER / f"{name}.json"
+        assert path.is_file(), f"{name} ships but has no rebuild record ({path}): run `captioner recipe run {name}`"
+        record = json.loads(path.read_text())
+        assert record["recipe"] == name and record["compared"]["model"] == name, path
+        exported = json.loads((ROOT / "captioner" / "pretrained" / name / "config.json").read_text())["scores"]
+        assert record["compared"]["result"]["scores"] == exported["scores"], path
+        paired = record["compared"]["paired"]["CIDEr-D"]
+        assert paired["B"] == pytest.approx(record["scores"]["CIDEr-D"]), path
+        assert paired["A"] == pytest.approx(exported["scores"]["CIDEr-D"]), path
