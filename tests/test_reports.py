@@ -85,15 +85,16 @@ def test_every_shipped_model_has_a_rebuild_record_that_evaluated_the_file_that_s
     """Each model in captioner/pretrained/ was rebuilt by its recipe, and the record's other side is the shipped file
     itself: the run's evaluation of it gives the very scores its config.json was exported with."""
     from captioner.reports.rebuilds import FOLDER
+    from captioner.store.zoo import scan_models
 
-    shipped = sorted(p.name for p in (ROOT / "captioner" / "pretrained").iterdir() if (p / "config.json").is_file())
-    assert shipped, "no shipped model folders found"
-    for name in shipped:
+    shipped, damaged = scan_models()  # the package's model folders and their config.json, as `captioner` finds them
+    assert shipped and not damaged, (sorted(shipped), damaged)
+    for name, meta in shipped.items():
         path = ROOT / FOLDER / f"{name}.json"
         assert path.is_file(), f"{name} ships but has no rebuild record ({path}): run `captioner recipe run {name}`"
         record = json.loads(path.read_text())
         assert record["recipe"] == name and record["compared"]["model"] == name, path
-        exported = json.loads((ROOT / "captioner" / "pretrained" / name / "config.json").read_text())["scores"]
+        exported = meta["scores"]  # the evaluation the folder was exported with
         assert record["compared"]["result"]["scores"] == exported["scores"], path
         paired = record["compared"]["paired"]["CIDEr-D"]
         assert paired["B"] == pytest.approx(record["scores"]["CIDEr-D"]), path
