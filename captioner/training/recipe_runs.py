@@ -361,10 +361,11 @@ def _run_stage(run: _Run, p: PlannedStage) -> int:
               "started": now(), "wall_s": (state.record or {}).get("wall_s", 0.0) if resume else 0.0,
               "sessions": ((state.record or {}).get("sessions", []) if resume else [])}
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
+    ran = commit()  # the checkout the child starts from (looked up after it, a checkout changed meanwhile would show)
     child = run_child(argv)
     record["wall_s"] += child.wall_s
     record["sessions"].append({"command": command_line(argv), "wall_s": child.wall_s, "exit": child.code,
-                               "commit": commit()})
+                               "commit": ran})
     if child.code == 0:
         record.update(finished=now(), run_id=(read_json(p.run.run_file) or {}).get("run_id"))
     write_text_atomic(p.run.stage, json.dumps(record, indent=2))
